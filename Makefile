@@ -1,0 +1,68 @@
+# Feeding PyTorch from packed and sharded data: set-up, lab, tests.
+# `make lab` and `make test` do all set-up on a fresh clone; every other target is a piece of them.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+INSTALLED := $(VENV)/.installed
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+# pip on some machines warns about every package of an index folder that is not there: hide only that noise.
+QUIET_PIP := grep -v "^WARNING: Location 'file:" || true
+
+LESSON_DIRS := notebooks solutions exercises
+SOURCES = $(wildcard $(addsuffix /[0-9][0-9]_*.md,$(LESSON_DIRS)))
+
+.PHONY: help setup lab test data notebooks exercises exercises-check slides bench clean clean-data
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+
+$(INSTALLED): requirements.txt pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@echo "Installing pinned dependencies into $(VENV) (first time: a few minutes)..."
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 | $(QUIET_PIP)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | $(QUIET_PIP)
+	@touch $@
+
+$(LAB_SETTINGS): $(INSTALLED)
+	@mkdir -p $(dir $@)
+	@echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook"}}}' > $@
+
+setup: $(INSTALLED) $(LAB_SETTINGS)  ## create .venv, install pins and packdata, open .md as notebooks in Lab
+
+data: setup  ## generate the default dataset if missing ($$PACKDATA_SIZE: workshop or small)
+	@$(BIN)/packdata make-data
+
+notebooks: setup  ## write the .ipynb pair of every lesson, solution and exercise whose .md is newer
+	@stale=$$(for md in $(SOURCES); do [ "$$md" -ot "$${md%.md}.ipynb" ] || echo "$$md"; done); \
+	if [ -n "$$stale" ]; then $(BIN)/jupytext --quiet --update --to ipynb $$stale; fi
+
+exercises: setup  ## regenerate exercises/ from solutions/
+	@$(BIN)/packdata exercises
+
+exercises-check: setup  ## fail when exercises/ has drifted from solutions/
+	@$(BIN)/packdata exercises --check && echo "exercises/ is in sync with solutions/"
+
+slides: setup data  ## build offline reveal.js decks into build/slides/
+	@$(BIN)/packdata slides
+
+lab: setup data notebooks  ## set everything up and open JupyterLab on the course
+	@echo "Starting JupyterLab on the course: open the http://127.0.0.1 URL printed below (Ctrl-C stops it)."
+	@$(BIN)/jupyter lab --ip=127.0.0.1 $(if $(DISPLAY),,--no-browser) notebooks/00_welcome.md
+
+test: export PACKDATA_SIZE := small
+test: setup data notebooks exercises-check  ## set everything up and run every test (unit tests and notebooks)
+	@$(BIN)/python -m pytest -p no:cacheprovider tests $(LESSON_DIRS) --nbval-lax
+
+clean:  ## remove generated notebooks, slides and caches (keeps .venv and data/)
+	rm -rf build .pytest_cache
+	find $(LESSON_DIRS) -name '*.ipynb' -delete
+	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +
+
+clean-data:  ## remove every generated dataset, archive and shard under data/
+	find data -mindepth 1 -not -name README.md -delete

@@ -1,0 +1,76 @@
+"""The ``packdata`` command line: one verb per job, each a thin wrapper over a module function."""
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _make_data(args):
+    from . import data
+
+    root = data.make_dataset(args.root, size=args.size, seed=args.seed, force=args.force)
+    print(root)
+
+
+def _export(args):
+    from . import data
+
+    root = data.export_image_folder(args.source, args.target)
+    print(root)
+
+
+def _exercises(args):
+    from . import exercises
+
+    if args.check:
+        drifted = exercises.check_exercises(args.solutions, args.exercises)
+        for path in drifted:
+            print(f"drifted: {path} (run 'make exercises')", file=sys.stderr)
+        return 1 if drifted else 0
+    for path in exercises.write_exercises(args.solutions, args.exercises):
+        print(path)
+
+
+def _slides(args):
+    from . import slides
+
+    for deck in slides.build_slides(args.notebooks, args.out):
+        print(deck)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="packdata", description=__doc__)
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    p = verbs.add_parser("make-data", help="generate the synthetic image dataset")
+    p.add_argument("--root", type=Path, default=None, help="target folder (default: data/synthetic-SIZE)")
+    p.add_argument("--size", default=None, help="'small', 'workshop' or a number of images (default: $PACKDATA_SIZE or workshop)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="regenerate even if a matching dataset exists")
+    p.set_defaults(run=_make_data)
+
+    p = verbs.add_parser("export", help="copy an image folder (ImageFolder layout) into the course layout with a manifest")
+    p.add_argument("source", type=Path)
+    p.add_argument("target", type=Path)
+    p.set_defaults(run=_export)
+
+    p = verbs.add_parser("exercises", help="generate exercises/ from solutions/")
+    p.add_argument("--solutions", type=Path, default=Path("solutions"))
+    p.add_argument("--exercises", type=Path, default=Path("exercises"))
+    p.add_argument("--check", action="store_true", help="fail when exercises/ differs from what solutions/ generates")
+    p.set_defaults(run=_exercises)
+
+    p = verbs.add_parser("slides", help="build offline reveal.js decks from the lessons")
+    p.add_argument("--notebooks", type=Path, default=Path("notebooks"))
+    p.add_argument("--out", type=Path, default=Path("build/slides"))
+    p.set_defaults(run=_slides)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    return args.run(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

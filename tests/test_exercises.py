@@ -1,0 +1,139 @@
+"""Exercises are generated from solutions (one source), and every check tells right from wrong."""
+
+import inspect
+from pathlib import Path
+
+import jupytext
+import pytest
+
+from packdata import checks, exercises
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
+
+SOLUTION = '''\
+def area(width, height):
+    """Area of a rectangle."""
+    ### HINT: multiply the two sides
+    ### BEGIN SOLUTION
+    return width * height
+    ### END SOLUTION
+
+print(area(2, 3))'''
+
+
+def test_committed_exercises_are_in_sync_with_solutions():
+    assert exercises.check_exercises(SOLUTIONS, EXERCISES) == [], "run 'make exercises'"
+
+
+def test_every_solution_has_an_exercise_and_vice_versa():
+    names = lambda folder: sorted(p.name for p in exercises.solution_files(folder))
+    assert names(SOLUTIONS) == names(EXERCISES) != []
+
+
+def test_region_becomes_a_stub_with_the_hint():
+    source, regions = exercises.strip_solutions(SOLUTION)
+    assert regions == 1
+    assert "return width * height" not in source
+    assert "###" not in source
+    assert "    raise NotImplementedError('Your turn! Hint: multiply the two sides')" in source.splitlines()
+    assert source.endswith("print(area(2, 3))")
+
+
+def test_stub_raises_not_implemented_with_the_hint():
+    namespace = {}
+    exec(exercises.strip_solutions(SOLUTION)[0].replace("print(area(2, 3))", ""), namespace)
+    with pytest.raises(NotImplementedError, match="multiply the two sides"):
+        namespace["area"](2, 3)
+
+
+def test_hint_with_quotes_stays_valid_python():
+    source, _ = exercises.strip_solutions('### HINT: use "bytes" and \'str\'\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION')
+    compile(source, "cell", "exec")
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("### BEGIN SOLUTION\nx = 1", "without ### END"),
+        ("x = 1\n### END SOLUTION", "without ### BEGIN"),
+        ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "nested"),
+        ("### HINT: orphan\nx = 1", "right before"),
+    ],
+)
+def test_unpaired_markers_are_reported_with_their_line(bad, message):
+    with pytest.raises(exercises.ExerciseSourceError, match=message):
+        exercises.strip_solutions(bad)
+
+
+def test_generated_exercise_tags_stubs_and_drops_solution_only_cells(tmp_path):
+    text = (
+        "# Sheet\n\n```python\n" + SOLUTION + "\n```\n\n"
+        '<!-- #region tags=["solution-only"] -->\nThe answer is width times height.\n<!-- #endregion -->\n'
+    )
+    (tmp_path / "01_demo.md").write_text(text)
+    generated = jupytext.reads(exercises.exercise_text(tmp_path / "01_demo.md"), fmt="md")
+    code = [c for c in generated.cells if c.cell_type == "code"]
+    assert code[0].metadata["tags"] == ["raises-exception"]
+    assert not any("width times height" in c.source for c in generated.cells)
+
+
+def test_solution_without_any_region_is_refused(tmp_path):
+    (tmp_path / "01_empty.md").write_text("# Nothing to do\n\n```python\nx = 1\n```\n")
+    with pytest.raises(exercises.ExerciseSourceError, match="nothing to exercise"):
+        exercises.exercise_text(tmp_path / "01_empty.md")
+
+
+def test_drift_is_detected(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "01_demo.md").write_text("```python\n" + SOLUTION + "\n```\n")
+    exercises.write_exercises(tmp_path / "s", tmp_path / "e")
+    assert exercises.check_exercises(tmp_path / "s", tmp_path / "e") == []
+    (tmp_path / "e" / "01_demo.md").write_text("edited by hand")
+    (tmp_path / "e" / "02_orphan.md").write_text("no solution behind me")
+    assert [p.name for p in exercises.check_exercises(tmp_path / "s", tmp_path / "e")] == ["01_demo.md", "02_orphan.md"]
+
+
+@pytest.mark.parametrize("path", sorted(EXERCISES.glob("[0-9][0-9]_*.md")), ids=lambda p: p.name)
+def test_exactly_the_stub_cells_expect_an_exception(path):
+    """nbval accepts a tagged cell whether or not it raises, so the stub itself is checked here."""
+    for cell in jupytext.read(path).cells:
+        tagged = "raises-exception" in cell.metadata.get("tags", [])
+        assert tagged == ("raise NotImplementedError(" in cell.source), cell.source
+
+
+# --- every check_* fails on a stub and on a wrong answer, and passes on a right one -------------
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("Your turn!")
+
+
+def count_per_class_right(root):
+    return {d.name: len(list(d.glob("*.jpg"))) for d in Path(root).iterdir() if d.is_dir()}
+
+
+def count_per_class_with_manifest(root):
+    return {**count_per_class_right(root), "manifest.json": 1}
+
+
+CASES = {
+    "check_count_per_class": (count_per_class_right, [count_per_class_with_manifest, lambda root: 42]),
+}
+
+
+def test_every_check_has_cases():
+    defined = {name for name, f in inspect.getmembers(checks, inspect.isfunction) if name.startswith("check_")}
+    assert defined == set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_passes_right_and_fails_wrong(name, tiny_dataset, capsys):
+    check = getattr(checks, name)
+    right, wrongs = CASES[name]
+    check(right, tiny_dataset)
+    assert capsys.readouterr().out.startswith("✓")
+    with pytest.raises(NotImplementedError):
+        check(stub, tiny_dataset)
+    for wrong in wrongs:
+        with pytest.raises(checks.CheckFailed):
+            check(wrong, tiny_dataset)
