@@ -34,7 +34,7 @@ def _exercises(args):
 def _slides(args):
     from . import slides
 
-    for deck in slides.build_slides(args.notebooks, args.out):
+    for deck in slides.build_slides(args.notebooks, args.out, execute=args.execute):
         print(deck)
 
 
@@ -63,6 +63,7 @@ def build_parser():
     p = verbs.add_parser("slides", help="build offline reveal.js decks from the lessons")
     p.add_argument("--notebooks", type=Path, default=Path("notebooks"))
     p.add_argument("--out", type=Path, default=Path("build/slides"))
+    p.add_argument("--no-execute", dest="execute", action="store_false", help="convert without running the code cells")
     p.set_defaults(run=_slides)
     return parser
 
