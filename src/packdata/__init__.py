@@ -6,6 +6,9 @@ One module per idea, in the order the course meets them:
 - ``datasets``  — PyTorch datasets over folders, archives and shards
 - ``store``     — an emulated network store (HTTP with latency) on loopback
 - ``bench``     — measure a DataLoader configuration, count every sample
+- ``storage``   — page-cache eviction, filesystem overhead, published storage figures
+- ``costmodel`` — time ≈ requests × latency + bytes / bandwidth, fitted and plotted
+- ``system``    — versions, cores and accelerator of this machine
 - ``exercises`` — generate exercise notebooks from solutions
 - ``checks``    — the auto-checks that exercises call
 - ``slides``    — build offline reveal.js decks from the lessons

@@ -69,8 +69,12 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    return args.run(args) or 0
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except (ValueError, OSError) as error:  # bad input: one clear line, no traceback
+        parser.exit(2, f"packdata {args.verb}: error: {error}\n")
 
 
 if __name__ == "__main__":

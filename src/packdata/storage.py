@@ -1,0 +1,112 @@
+"""What many small files cost the filesystem: page-cache eviction for cold reads, space and inode
+overhead, listing time, and published reference figures for common storage types."""
+
+import os
+import time
+import warnings
+from dataclasses import dataclass
+
+NOT_MEASURED = "published typical figure, not measured here"
+
+
+@dataclass(frozen=True)
+class StorageType:
+    """Round, typical figures for one kind of storage: ``latency`` in seconds per request or seek,
+    ``bandwidth`` in bytes/s for one stream."""
+
+    name: str
+    latency: float
+    bandwidth: float
+    typical: str
+    source: str
+    usd_per_1000_requests: float | None = None
+    status: str = NOT_MEASURED
+
+
+# Published typical figures, NOT measured here: round numbers from vendor spec sheets and cloud provider docs,
+# for orientation only. The lessons measure the emulated store and the local disk themselves.
+REFERENCE_STORAGE = (
+    StorageType("HDD (7,200 rpm)", 0.008, 150e6, "8–10 ms seek, 150–200 MB/s sequential",
+                "hard-drive vendor spec sheets"),
+    StorageType("SATA SSD", 0.0001, 500e6, "~0.1 ms access, ~500 MB/s (the SATA III link caps it)",
+                "SSD vendor spec sheets"),
+    StorageType("NVMe SSD", 0.00002, 2e9, "~0.02 ms access, 2–3 GB/s",
+                "SSD vendor spec sheets"),
+    StorageType("network filesystem", 0.001, 1e9,
+                "0.5–2 ms per operation; bandwidth bounded by the link (~1 GB/s on 10 GbE)",
+                "NFS/SMB server and network vendor documentation"),
+    StorageType("object store (S3-class)", 0.05, 100e6, "20–100 ms to first byte per GET, ~100 MB/s per connection",
+                "cloud provider performance and pricing docs", usd_per_1000_requests=0.0004),
+)
+
+
+def walk(root):
+    """Every entry under ``root`` (files, folders, links) as ``os.DirEntry``, without following links."""
+    with os.scandir(root) as entries:
+        for entry in entries:
+            yield entry
+            if entry.is_dir(follow_symlinks=False):
+                yield from walk(entry.path)
+
+
+def regular_files(paths):
+    """The files named by ``paths``: a path or an iterable of paths; folders are walked."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    for path in paths:
+        if os.path.isdir(path):
+            yield from (entry.path for entry in walk(path) if entry.is_file(follow_symlinks=False))
+        else:
+            yield path
+
+
+def evict_from_page_cache(paths):
+    """Ask the kernel to drop ``paths`` (files, or folders to walk) from the page cache, so the next read
+    comes from the device. Needs no root. Returns False, with a warning, where ``posix_fadvise`` is missing."""
+    if not hasattr(os, "posix_fadvise"):
+        warnings.warn("os.posix_fadvise is not available on this platform (macOS, Windows): "
+                      "the page cache was not evicted, so the next reads may be served from memory", RuntimeWarning)
+        return False
+    os.sync()  # the kernel drops only clean pages: write out freshly written files first (one call for all)
+    for path in regular_files(paths):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
+
+
+def fs_overhead(root):
+    """Counts and sizes under ``root``: what many small files cost beyond their bytes.
+
+    ``allocated_bytes`` is what the files occupy on disk (``st_blocks * 512``); for files smaller than a
+    block it usually exceeds ``apparent_bytes``, though compressing or inlining filesystems can differ.
+    """
+    files = directories = apparent = allocated = 0
+    for entry in walk(root):
+        if entry.is_dir(follow_symlinks=False):
+            directories += 1
+        elif entry.is_file(follow_symlinks=False):
+            stat = entry.stat(follow_symlinks=False)
+            files += 1
+            apparent += stat.st_size
+            allocated += stat.st_blocks * 512
+    return {
+        "files": files,
+        "directories": directories,
+        "inodes": files + directories,
+        "apparent_bytes": apparent,
+        "allocated_bytes": allocated,
+        "mean_file_bytes": apparent / files if files else 0.0,
+        "block_size": os.statvfs(root).f_bsize,
+        "waste_fraction": 1 - apparent / allocated if allocated else 0.0,
+    }
+
+
+def time_listing(root):
+    """Seconds to list every entry under ``root`` with ``os.scandir`` (metadata only, no file contents)."""
+    started = time.perf_counter()
+    for _ in walk(root):
+        pass
+    return time.perf_counter() - started

@@ -1,0 +1,106 @@
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from packdata.bench import BenchResult, SampleCountError, benchmark, plot_results, results_table
+from packdata.datasets import FolderDataset
+
+
+class Numbers(Dataset):
+    """``n`` tiny samples and no ``sample_bytes``."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return torch.tensor([index])
+
+
+class ShortStream(IterableDataset):
+    """Claims ``claimed`` samples but yields ``actual``; unsharded, so every worker yields them all."""
+
+    def __init__(self, claimed, actual):
+        self.claimed, self.actual = claimed, actual
+
+    def __len__(self):
+        return self.claimed
+
+    def __iter__(self):
+        return iter(range(self.actual))
+
+
+class Unsized(IterableDataset):
+    """A stream that does not say how long it is."""
+
+    def __iter__(self):
+        return iter(range(3))
+
+
+def test_counts_every_sample_of_every_epoch(tiny_dataset):
+    dataset = FolderDataset(tiny_dataset)
+    result = benchmark(dataset, batch_size=16, epochs=2, label="folder", progress=False)
+    assert result.samples == 2 * len(dataset)
+    assert len(result.epoch_seconds) == len(result.first_batch_seconds) == 2
+    assert all(0 < first <= epoch for first, epoch in zip(result.first_batch_seconds, result.epoch_seconds))
+    assert result.seconds == pytest.approx(sum(result.epoch_seconds))
+    assert result.samples_per_s == pytest.approx(result.samples / result.seconds)
+    assert result.bytes_per_epoch == sum(dataset.sample_bytes)
+    assert result.mb_per_s == pytest.approx(2 * result.bytes_per_epoch / result.seconds / 1e6)
+
+
+def test_counts_with_workers_and_are_repeatable(tiny_dataset):
+    dataset = FolderDataset(tiny_dataset)
+    runs = [benchmark(dataset, batch_size=16, num_workers=2, progress=False) for _ in range(2)]
+    assert [run.samples for run in runs] == [len(dataset)] * 2
+    assert runs[0].num_workers == 2 and runs[0].batch_size == 16
+
+
+def test_bytes_per_epoch_argument_and_unknown_bytes():
+    assert benchmark(Numbers(10), batch_size=4, progress=False).mb_per_s is None
+    result = benchmark(Numbers(10), batch_size=4, progress=False, bytes_per_epoch=5_000_000)
+    assert result.mb_per_s == pytest.approx(5 / result.seconds)
+
+
+def test_a_dataset_whose_length_lies_fails_loudly():
+    with pytest.raises(SampleCountError, match="delivered 90 samples but len\\(dataset\\) is 100"):
+        benchmark(ShortStream(claimed=100, actual=90), batch_size=8, progress=False)
+
+
+def test_duplicates_from_unsharded_workers_fail_loudly():
+    with pytest.raises(SampleCountError, match="delivered 40 samples"):
+        benchmark(ShortStream(claimed=20, actual=20), batch_size=8, num_workers=2, progress=False)
+
+
+def test_a_dataset_without_length_is_refused():
+    with pytest.raises(TypeError, match="no __len__"):
+        benchmark(Unsized(), progress=False)
+
+
+def test_dropped_samples_fail_loudly():
+    with pytest.raises(SampleCountError):
+        benchmark(Numbers(10), batch_size=4, drop_last=True, progress=False)
+
+
+def test_tables_show_every_result():
+    results = [BenchResult("plain <a>", 64, 0, 1, 100, [0.5], [0.1], 10**6),
+               BenchResult("two", 64, 2, 1, 100, [0.25], [0.2])]
+    text = str(results_table(results))
+    assert len(text.splitlines()) == 3
+    assert "plain <a>" in text and "400" in text and "2.0" in text
+    page = results_table(results)._repr_html_()
+    assert page.count("<tr>") == 3 and "plain &lt;a&gt;" in page
+    assert "plain <a>" in repr(results[0]) and "<table>" in results[0]._repr_html_()
+
+
+def test_plot_results_draws_numbers_as_lines_and_labels_as_bars():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    results = [BenchResult(f"{w} workers", 64, w, 1, 100, [1 / (w + 1)], [0.1]) for w in (0, 1, 2)]
+    line = plot_results(results, x="num_workers")
+    assert list(line.lines[0].get_ydata()) == [100, 200, 300]
+    bars = plot_results(results)
+    assert len(bars.patches) == 3
+    matplotlib.pyplot.close("all")

@@ -1,0 +1,54 @@
+import os
+
+import pytest
+
+from packdata.data import load_manifest, verify_dataset
+from packdata.storage import NOT_MEASURED, REFERENCE_STORAGE, evict_from_page_cache, fs_overhead, time_listing, walk
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise is Linux/BSD only")
+def test_eviction_works_and_files_read_back_intact(tiny_dataset):
+    manifest = load_manifest(tiny_dataset)
+    assert evict_from_page_cache([tiny_dataset / sample["path"] for sample in manifest["samples"][:5]])
+    assert evict_from_page_cache(tiny_dataset)  # a folder: every file under it
+    assert verify_dataset(tiny_dataset) == len(manifest["samples"])
+
+
+def test_eviction_declines_clearly_without_posix_fadvise(tiny_dataset, monkeypatch):
+    monkeypatch.delattr(os, "posix_fadvise", raising=False)
+    with pytest.warns(RuntimeWarning, match="posix_fadvise is not available"):
+        assert evict_from_page_cache(tiny_dataset) is False
+
+
+def test_fs_overhead_counts_add_up(tiny_dataset):
+    manifest = load_manifest(tiny_dataset)
+    files = [path for path in tiny_dataset.rglob("*") if path.is_file()]
+    overhead = fs_overhead(tiny_dataset)
+    assert overhead["files"] == len(files) == len(manifest["samples"]) + 1  # the images and manifest.json
+    assert overhead["directories"] == len(manifest["classes"])
+    assert overhead["inodes"] == overhead["files"] + overhead["directories"]
+    assert overhead["apparent_bytes"] == sum(path.stat().st_size for path in files)
+    assert overhead["mean_file_bytes"] == pytest.approx(overhead["apparent_bytes"] / overhead["files"])
+    assert overhead["block_size"] > 0
+    # Files of a few KB fill whole blocks on ext4, xfs, overlay and tmpfs; compressing filesystems may differ.
+    assert overhead["allocated_bytes"] >= overhead["apparent_bytes"]
+    assert 0 <= overhead["waste_fraction"] < 1
+
+
+def test_fs_overhead_of_an_empty_folder(tmp_path):
+    overhead = fs_overhead(tmp_path)
+    assert (overhead["files"], overhead["apparent_bytes"], overhead["waste_fraction"]) == (0, 0, 0.0)
+
+
+def test_walk_and_listing_see_every_entry(tiny_dataset):
+    assert sum(1 for _ in walk(tiny_dataset)) == sum(1 for _ in tiny_dataset.rglob("*"))
+    assert time_listing(tiny_dataset) > 0
+
+
+def test_reference_figures_are_labelled_as_not_measured():
+    assert {storage.status for storage in REFERENCE_STORAGE} == {NOT_MEASURED}
+    assert NOT_MEASURED == "published typical figure, not measured here"
+    for storage in REFERENCE_STORAGE:
+        assert storage.latency > 0 and storage.bandwidth > 0 and storage.source and storage.typical
+    object_store = next(storage for storage in REFERENCE_STORAGE if "object store" in storage.name)
+    assert object_store.usd_per_1000_requests == pytest.approx(0.0004)
