@@ -31,7 +31,8 @@ $(INSTALLED): requirements.txt pyproject.toml
 
 $(LAB_SETTINGS): $(INSTALLED)
 	@mkdir -p $(dir $@)
-	@echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook"}}}' > $@
+	@echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook"}},' \
+	      '"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
 
 setup: $(INSTALLED) $(LAB_SETTINGS)  ## create .venv, install pins and packdata, open .md as notebooks in Lab
 
@@ -53,7 +54,8 @@ slides: setup data  ## build offline reveal.js decks into build/slides/
 
 lab: setup data notebooks  ## set everything up and open JupyterLab on the course
 	@echo "Starting JupyterLab on the course: open the http://127.0.0.1 URL printed below (Ctrl-C stops it)."
-	@$(BIN)/jupyter lab --ip=127.0.0.1 $(if $(DISPLAY),,--no-browser) notebooks/00_welcome.md
+	@$(BIN)/jupyter lab --ip=127.0.0.1 $(if $(DISPLAY),,--no-browser) $(if $(filter 0,$(shell id -u)),--allow-root) \
+		--ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_welcome.md
 
 test: export PACKDATA_SIZE := small
 test: setup data notebooks exercises-check  ## set everything up and run every test (unit tests and notebooks)
