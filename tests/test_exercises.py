@@ -6,7 +6,10 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from packdata import checks, exercises
+from PIL import Image
+
+from packdata import checks, costmodel, exercises
+from packdata.datasets import FolderDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
@@ -112,13 +115,54 @@ def count_per_class_right(root):
     return {d.name: len(list(d.glob("*.jpg"))) for d in Path(root).iterdir() if d.is_dir()}
 
 
-def count_per_class_with_manifest(root):
-    return {**count_per_class_right(root), "manifest.json": 1}
+class StubDataset(FolderDataset):
+    __getitem__ = stub
 
 
+class ShiftedLabels(FolderDataset):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, (label + 1) % len(self.classes)
+
+
+class WrongFile(FolderDataset):
+    def __getitem__(self, index):
+        return super().__getitem__((index + 1) % len(self))
+
+
+class PilImages(FolderDataset):
+    def __getitem__(self, index):
+        return Image.open(Path(self.root) / self.paths[index]), self.labels[index]
+
+
+def predict_right(n, mean_bytes, latency, bandwidth, workers):
+    return costmodel.predict_time(n, n * mean_bytes, latency, bandwidth, concurrency=workers)
+
+
+# name: (how to call the check with an implementation and the dataset root, right answer, wrong answers)
 CASES = {
-    "check_count_per_class": (count_per_class_right, [count_per_class_with_manifest, lambda root: 42]),
+    "check_count_per_class": (
+        lambda check, impl, root: check(impl, root),
+        count_per_class_right,
+        [lambda root: {**count_per_class_right(root), "manifest.json": 1}, lambda root: 42],
+    ),
+    "check_folder_dataset": (
+        lambda check, impl, root: check(impl(root), root),
+        FolderDataset,
+        [ShiftedLabels, WrongFile, PilImages],
+    ),
+    "check_predict_epoch_seconds": (
+        lambda check, impl, root: check(impl),
+        predict_right,
+        [lambda n, b, l, bw, w: n * l / w, lambda n, b, l, bw, w: n * l + n * b / bw],
+    ),
+    "check_workers_needed": (
+        lambda check, impl, root: check(impl),
+        costmodel.workers_needed,
+        [lambda t, l, s: t * (l + s), lambda t, l, s: int(t * (l + s))],
+    ),
 }
+STUBS = {"check_folder_dataset": StubDataset}
 
 
 def test_every_check_has_cases():
@@ -129,11 +173,11 @@ def test_every_check_has_cases():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_check_passes_right_and_fails_wrong(name, tiny_dataset, capsys):
     check = getattr(checks, name)
-    right, wrongs = CASES[name]
-    check(right, tiny_dataset)
+    run, right, wrongs = CASES[name]
+    run(check, right, tiny_dataset)
     assert capsys.readouterr().out.startswith("✓")
     with pytest.raises(NotImplementedError):
-        check(stub, tiny_dataset)
+        run(check, STUBS.get(name, stub), tiny_dataset)
     for wrong in wrongs:
         with pytest.raises(checks.CheckFailed):
-            check(wrong, tiny_dataset)
+            run(check, wrong, tiny_dataset)

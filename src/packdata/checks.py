@@ -41,3 +41,76 @@ def check_count_per_class(count_per_class, root):
             "Count only the .jpg files inside each class folder."
         )
     passed(f"{len(expected)} classes, {sum(expected.values())} images: your counts match the manifest.")
+
+
+def check_folder_dataset(dataset, root):
+    """Lesson 1: a folder dataset must give the same (image, label) pairs as ``packdata``'s FolderDataset."""
+    import torch
+
+    from .datasets import FolderDataset
+
+    reference = FolderDataset(root)
+    if len(dataset) != len(reference):
+        raise CheckFailed(f"len(dataset) is {len(dataset)}, but the manifest lists {len(reference)} samples.")
+    for index in sorted({0, len(reference) // 2, len(reference) - 1}):
+        item = dataset[index]
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise CheckFailed(f"dataset[{index}] should be a tuple (image, label), got {type(item).__name__}.")
+        image, label = item
+        expected_image, expected_label = reference[index]
+        if not isinstance(image, torch.Tensor):
+            raise CheckFailed(f"dataset[{index}] image is a {type(image).__name__}: decode the bytes with decode_image "
+                              "to get a uint8 tensor.")
+        if image.shape != expected_image.shape or image.dtype != expected_image.dtype:
+            raise CheckFailed(f"dataset[{index}] image has shape {tuple(image.shape)} and dtype {image.dtype}, "
+                              f"expected {tuple(expected_image.shape)} and {expected_image.dtype} (channels first).")
+        if label != expected_label:
+            raise CheckFailed(f"dataset[{index}] has label {label}, the manifest says {expected_label}: "
+                              "take the label from the same manifest entry as the path.")
+        if not torch.equal(image, expected_image):
+            raise CheckFailed(f"dataset[{index}] decodes to different pixels than the file "
+                              f"{reference.paths[index]}: are you reading the right file for this index?")
+    passed(f"{len(dataset)} samples; images and labels match the files and the manifest.")
+
+
+def check_predict_epoch_seconds(predict_epoch_seconds):
+    """Lesson 1: the cost model, requests × latency / workers + bytes / bandwidth, for one epoch."""
+    from .costmodel import predict_time
+
+    cases = [(10_000, 2_000, 0.002, 100e6, 1), (10_000, 2_000, 0.002, 100e6, 8), (500, 4e6, 0.05, 50e6, 4)]
+    for n_files, mean_bytes, latency, bandwidth, workers in cases:
+        got = predict_epoch_seconds(n_files, mean_bytes, latency, bandwidth, workers)
+        expected = predict_time(n_files, n_files * mean_bytes, latency, bandwidth, concurrency=workers)
+        if abs(got - expected) <= 1e-6 * expected:
+            continue
+        call = f"predict_epoch_seconds({n_files}, {mean_bytes:g}, {latency}, {bandwidth:g}, {workers})"
+        waiting, transfer = n_files * latency, n_files * mean_bytes / bandwidth
+        if abs(got - waiting / workers) <= 1e-6 * expected:
+            hint = "you left out the transfer time, bytes / bandwidth."
+        elif abs(got - (waiting + transfer)) <= 1e-6 * expected:
+            hint = "workers wait for their requests at the same time: divide the latency term by the workers."
+        else:
+            hint = "time = requests × latency / workers + total bytes / bandwidth."
+        raise CheckFailed(f"{call} returned {got:.4g} s, expected {expected:.4g} s: {hint}")
+    passed("your prediction matches the cost model in every case.")
+
+
+def check_workers_needed(workers_needed):
+    """Lesson 1: the number of workers that reaches a target rate at a given latency."""
+    from .costmodel import workers_needed as reference
+
+    cases = [(1000, 0.005, 0.0002), (200, 0.002, 0.0), (3000, 0.01, 0.0003), (50, 0.001, 0.0)]
+    for target, latency, seconds_per_sample in cases:
+        got = workers_needed(target, latency, seconds_per_sample)
+        expected = reference(target, latency, seconds_per_sample)
+        if got == expected:
+            continue
+        call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
+        if not isinstance(got, int):
+            hint = "a number of workers is a whole number: round up with math.ceil and return an int."
+        elif got == expected - 1:
+            hint = "round up, not down: one worker short misses the target."
+        else:
+            hint = "one worker delivers 1 / (latency + seconds_per_sample) samples per second."
+        raise CheckFailed(f"{call} returned {got!r}, expected {expected}: {hint}")
+    passed("right number of workers in every case.")

@@ -4,6 +4,8 @@
 ``concurrency`` is how many requests wait at the same time. All functions accept numpy arrays.
 """
 
+import math
+
 import numpy as np
 
 
@@ -15,6 +17,18 @@ def predict_time(n_requests, n_bytes, latency, bandwidth, concurrency=1):
 def throughput(file_size, latency, bandwidth, concurrency=1):
     """Bytes/s achieved when reading files of ``file_size`` bytes, one request each."""
     return file_size / predict_time(1, file_size, latency, bandwidth, concurrency)
+
+
+def workers_needed(target_rate, latency, seconds_per_sample=0.0):
+    """How many workers, each fetching one sample at a time, reach ``target_rate`` samples/s.
+
+    One worker spends ``latency`` waiting plus ``seconds_per_sample`` working per sample, so it delivers
+    ``1 / (latency + seconds_per_sample)`` samples/s. Waiting overlaps across workers; working does only
+    while there are free cores, so the answer is a lower bound on a busy machine.
+    """
+    if target_rate <= 0:
+        raise ValueError(f"target_rate must be positive, got {target_rate}")
+    return max(1, math.ceil(target_rate * (latency + seconds_per_sample) - 1e-9))
 
 
 def fit_cost_model(measurements):
