@@ -70,7 +70,7 @@ Speaker notes.
 <!-- #endregion -->
 """
 
-LESSONS = ["00_fixture"] + (["00_welcome"] if (ROOT / "notebooks" / "00_welcome.md").exists() else [])
+LESSONS = ["00_fixture"] + sorted(path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)"),
@@ -131,7 +131,7 @@ def deck_requests(net_log, origin):
 
 @pytest.fixture(scope="module", params=LESSONS)
 def lesson(request, tmp_path_factory):
-    """A lesson alone in its folder: the fixture above or the real welcome lesson."""
+    """A lesson alone in its folder: the fixture above or one of the course's lessons."""
     folder = tmp_path_factory.mktemp("notebooks")
     target = folder / f"{request.param}.md"
     if request.param == "00_fixture":

@@ -53,7 +53,8 @@ def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     offline = vendor_assets(out_dir / "vendor", Path(npm_prefix or DEFAULT_NPM_PREFIX))
-    traits = {"embed_images": True, "reveal_scroll": True}  # images travel inside the deck; long slides scroll
+    # images travel inside the deck; long slides scroll; a 16:9 canvas wide enough for 100-column code
+    traits = {"embed_images": True, "reveal_scroll": True, "reveal_width": "1400", "reveal_height": "790"}
     if offline:
         traits.update(OFFLINE_TRAITS, template_file=str(TEMPLATE))
     decks = []
