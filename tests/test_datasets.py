@@ -1,15 +1,24 @@
 import hashlib
+import io
+import json
 import shutil
+import tarfile
 import time
+import zipfile
 
+import numpy as np
 import pytest
 import torch
+import webdataset
+from PIL import UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
 from packdata.data import load_manifest
-from packdata.datasets import FolderDataset, HttpDataset, decode_image
+from packdata.datasets import FolderDataset, HttpDataset, HttpRangeFile, IndexedTarDataset, ZipDataset, decode_image
 from packdata import store as store_module
+from packdata.packing import TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
 from packdata.store import NetworkStore
+from packdata.tario import TarFormatError, index_path
 
 
 class RawBytes(Dataset):
@@ -140,3 +149,200 @@ def test_http_dataset_reports_a_stopped_store(tiny_dataset):
         dataset.read_bytes(0)
     with pytest.raises(ConnectionError, match=dataset.url_for(1)):
         dataset.read_bytes(1)
+
+
+# --- archives: ZIP and indexed tar, on disk and over HTTP Range requests ---------------------------
+
+ARCHIVE_DATASETS = {"zip": (pack_zip, ZipDataset), "tar": (pack_tar, IndexedTarDataset)}
+
+
+@pytest.fixture(scope="module")
+def archives(tiny_dataset, tmp_path_factory):
+    """A folder of the tiny dataset packed four ways: ``jpeg.zip``, ``jpeg.tar``, ``raw.zip``, ``raw.tar``."""
+    folder = tmp_path_factory.mktemp("archives")
+    for kind, (pack, _) in ARCHIVE_DATASETS.items():
+        for payload in ("jpeg", "raw"):
+            pack(tiny_dataset, folder / f"{payload}.{kind}", payload=payload, progress=False)
+    return folder
+
+
+@pytest.fixture
+def archive_store(archives):
+    with NetworkStore(archives, latency=0) as running:
+        yield running
+
+
+def rewritten(source, target, changes):
+    """A copy of a ZIP or tar archive with members replaced (``name: bytes``) or left out (``name: None``)."""
+    if source.suffix == ".zip":
+        with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+            for name in old.namelist():
+                data = changes.get(name, old.read(name))
+                if data is not None:
+                    new.writestr(name, data)
+        return target
+    with tarfile.open(source) as old, tarfile.open(target, "w") as new:
+        for info in old.getmembers():
+            data = changes.get(info.name, old.extractfile(info).read())
+            if data is not None:
+                info.size = len(data)
+                new.addfile(info, io.BytesIO(data))
+    return target
+
+
+def without_sample(manifest_bytes, key):
+    manifest = json.loads(manifest_bytes)
+    manifest["samples"] = [sample for sample in manifest["samples"] if sample["key"] != key]
+    return json.dumps(manifest).encode()
+
+
+def manifest_member(archive):
+    if archive.suffix == ".zip":
+        with zipfile.ZipFile(archive) as zip_file:
+            return zip_file.read(ZIP_MANIFEST)
+    with tarfile.open(archive) as tar:
+        return tar.extractfile(TAR_MANIFEST).read()
+
+
+@pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
+@pytest.mark.parametrize("payload", ["jpeg", "raw"])
+def test_archive_datasets_give_the_folder_samples(tiny_dataset, archives, kind, payload):
+    folder, dataset = FolderDataset(tiny_dataset), ARCHIVE_DATASETS[kind][1](archives / f"{payload}.{kind}")
+    assert len(dataset) == len(folder) and dataset.classes == folder.classes and dataset.labels == folder.labels
+    for index in range(len(folder)):
+        image, label = dataset[index]
+        assert torch.equal(image, folder[index][0]) and label == folder[index][1]
+        if payload == "jpeg":
+            assert dataset.read_bytes(index) == folder.read_bytes(index)
+
+
+def test_decode_image_reads_npy_arrays_and_refuses_other_shapes():
+    array = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    assert torch.equal(decode_image(buffer.getvalue()), torch.from_numpy(array).permute(2, 0, 1))
+    buffer = io.BytesIO()
+    np.save(buffer, array.astype(np.float32))
+    with pytest.raises(ValueError, match="expected a uint8 array"):
+        decode_image(buffer.getvalue())
+
+
+def test_http_range_file_reads_and_seeks_like_a_local_file(archives, archive_store):
+    local = (archives / "jpeg.tar").read_bytes()
+    remote = HttpRangeFile(archive_store.url_for("jpeg.tar"), read_ahead=1000)
+    assert archive_store.requests == 1 and remote.size == len(local)  # one HEAD
+    assert remote.readable() and remote.seekable()
+    assert remote.read(10) == local[:10] and remote.tell() == 10
+    assert remote.read(990) == local[10:1000]
+    assert archive_store.requests == 2  # the second read came from the read-ahead buffer
+    assert remote.seek(-5, 2) == len(local) - 5 and remote.read() == local[-5:] and remote.read() == b""
+    assert remote.seek(3000) == 3000 and remote.read(5000) == local[3000:8000]
+    assert remote.seek(-100, 1) == 7900 and remote.read(200) == local[7900:8100]
+    assert archive_store.requests == 5
+    with pytest.raises(ValueError):
+        remote.seek(-1)
+
+
+@pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
+def test_archive_datasets_over_http_give_the_local_samples(archives, archive_store, kind):
+    local = ARCHIVE_DATASETS[kind][1](archives / f"jpeg.{kind}")
+    remote = ARCHIVE_DATASETS[kind][1](archive_store.url_for(f"jpeg.{kind}"))
+    assert remote.classes == local.classes and remote.labels == local.labels
+    assert [remote.read_bytes(i) for i in range(len(remote))] == [local.read_bytes(i) for i in range(len(local))]
+    assert torch.equal(remote[7][0], local[7][0])
+
+
+def test_indexed_tar_over_http_costs_one_request_per_sample(archives, archive_store):
+    IndexedTarDataset(archives / "raw.tar")  # writes raw.tar.idx.json, which the store then serves
+    dataset = IndexedTarDataset(archive_store.url_for("raw.tar"))
+    archive_store.reset_counters()
+    for index in reversed(range(len(dataset))):
+        dataset[index]
+        assert archive_store.requests == len(dataset) - index
+
+
+def test_indexed_tar_over_http_scans_the_headers_without_a_current_index(archives, tmp_path):
+    (tmp_path / "t.tar").write_bytes((archives / "jpeg.tar").read_bytes())
+    local = IndexedTarDataset(archives / "jpeg.tar")
+    with NetworkStore(tmp_path, latency=0) as store:
+        assert IndexedTarDataset(store.url_for("t.tar")).members == local.members  # no t.tar.idx.json at all
+        stale = json.loads(index_path(archives / "jpeg.tar").read_text())
+        index_path(tmp_path / "t.tar").write_text(json.dumps({**stale, "tar_size": 1, "members": {}}))
+        assert IndexedTarDataset(store.url_for("t.tar")).members == local.members
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_indexed_tar_dataset_in_dataloader_workers(archives, context):
+    dataset = IndexedTarDataset(archives / "jpeg.tar")
+    dataset.read_bytes(0)  # a descriptor opened in the parent must not be what the workers use
+    loader = DataLoader(RawBytes(dataset), batch_size=16, num_workers=2, multiprocessing_context=context)
+    assert [data for batch in loader for data in batch] == [dataset.read_bytes(i) for i in range(len(dataset))]
+
+
+def test_indexed_tar_reads_a_webdataset_shard_with_labels_from_cls_members(tiny_dataset, tmp_path):
+    folder = FolderDataset(tiny_dataset)
+    with webdataset.TarWriter(str(tmp_path / "shard.tar")) as writer:
+        for index in range(len(folder)):
+            writer.write({"__key__": f"{index:06d}", "jpg": folder.read_bytes(index), "cls": folder.labels[index]})
+    dataset = IndexedTarDataset(tmp_path / "shard.tar")
+    assert dataset.classes is None and dataset.labels == folder.labels
+    assert torch.equal(dataset[9][0], folder[9][0])
+
+
+def test_a_stale_tar_index_is_rebuilt(tiny_dataset, tmp_path):
+    path = pack_tar(tiny_dataset, tmp_path / "t.tar", progress=False)
+    assert IndexedTarDataset(path).paths[0] == "000000.jpg"
+    pack_tar(tiny_dataset, path, payload="raw", progress=False)  # the index next to it now describes another tar
+    dataset = IndexedTarDataset(path)
+    assert dataset.paths[0] == "000000.npy" and dataset[0][0].shape == (3, 64, 64)
+
+
+@pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
+def test_garbage_and_truncated_archives_name_the_archive(archives, tmp_path, kind):
+    garbage, truncated = tmp_path / f"garbage.{kind}", tmp_path / f"truncated.{kind}"
+    garbage.write_bytes(bytes(range(256)) * 40)
+    source = (archives / f"jpeg.{kind}").read_bytes()
+    truncated.write_bytes(source[:len(source) // 2 + 700])
+    errors = {"zip": zipfile.BadZipFile, "tar": TarFormatError}
+    with pytest.raises(errors[kind], match=str(garbage)):
+        ARCHIVE_DATASETS[kind][1](garbage)
+    with pytest.raises(errors[kind], match=str(truncated)) as error:
+        ARCHIVE_DATASETS[kind][1](truncated)
+    if kind == "tar":
+        assert "is truncated: member '" in str(error.value)
+
+
+def test_a_bad_crc_names_the_zip_and_the_member(tiny_dataset, archives, tmp_path):
+    blob = bytearray((archives / "jpeg.zip").read_bytes())
+    jpeg = FolderDataset(tiny_dataset).read_bytes(3)
+    blob[blob.index(jpeg) + 100] ^= 0xFF
+    (tmp_path / "bad.zip").write_bytes(bytes(blob))
+    dataset = ZipDataset(tmp_path / "bad.zip")
+    dataset[2]
+    with pytest.raises(zipfile.BadZipFile, match=f"member '000003.jpg' of {tmp_path / 'bad.zip'}: Bad CRC-32"):
+        dataset[3]
+
+
+@pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
+def test_a_sample_missing_from_the_manifest_has_no_label(archives, tmp_path, kind):
+    source = archives / f"jpeg.{kind}"
+    manifest_name = ZIP_MANIFEST if kind == "zip" else TAR_MANIFEST
+    changes = {manifest_name: without_sample(manifest_member(source), "000005")}
+    path = rewritten(source, tmp_path / f"t.{kind}", changes)
+    with pytest.raises(LookupError, match=f"member '000005.jpg' of {path} has no label"):
+        ARCHIVE_DATASETS[kind][1](path)
+
+
+def test_a_shard_sample_without_a_cls_member_has_no_label(archives, tmp_path):
+    path = rewritten(archives / "jpeg.tar", tmp_path / "t.tar", {TAR_MANIFEST: None, "000004.cls": None})
+    with pytest.raises(LookupError, match=f"member '000004.jpg' of {path} has no label: .* a .cls member"):
+        IndexedTarDataset(path)
+
+
+@pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
+def test_a_member_that_is_not_an_image_names_the_archive_and_member(archives, tmp_path, kind):
+    path = rewritten(archives / f"jpeg.{kind}", tmp_path / f"t.{kind}", {"000002.jpg": b"not an image at all"})
+    dataset = ARCHIVE_DATASETS[kind][1](path)
+    with pytest.raises(ValueError, match=f"cannot decode member '000002.jpg' of {path} as an image") as error:
+        dataset[2]
+    assert isinstance(error.value.__cause__, UnidentifiedImageError)

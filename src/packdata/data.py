@@ -181,7 +181,7 @@ def _write_dataset(target, classes, samples, count, progress, source, seed=None,
     return target
 
 
-def _encode_jpeg(image):
+def encode_jpeg(image):
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
     return buffer.getvalue()
@@ -327,7 +327,7 @@ def render_image(label, rng, image_size=64):
 def _synthetic_sample(index, label, *, seed, image_size):
     """``(label, jpeg_bytes)`` of sample ``index``: a pure function of its arguments."""
     rng = np.random.default_rng([seed, index])
-    return label, _encode_jpeg(Image.fromarray(render_image(label, rng, image_size)))
+    return label, encode_jpeg(Image.fromarray(render_image(label, rng, image_size)))
 
 
 def _balanced_labels(count):
@@ -386,7 +386,7 @@ def _jpeg_bytes(path):
     data = path.read_bytes()
     try:
         with Image.open(io.BytesIO(data)) as image:
-            return data if image.format == "JPEG" else _encode_jpeg(image.convert("RGB"))
+            return data if image.format == "JPEG" else encode_jpeg(image.convert("RGB"))
     except OSError as err:  # unidentified or truncated
         raise ValueError(f"{path} is not an image that PIL can read: {err}") from err
 
@@ -446,7 +446,7 @@ def export_torchvision(dataset, target, classes=None, progress=True):
                 label = -1
             if not 0 <= label < len(folders):
                 raise ValueError(f"sample {index} has label {given!r}; expected an int in 0..{len(folders) - 1}")
-            yield label, _encode_jpeg(_as_pil(image, index))
+            yield label, encode_jpeg(_as_pil(image, index))
 
     source = f"torchvision:{type(dataset).__name__}"
     return _write_dataset(target, folders, samples(), len(dataset), progress, source)

@@ -1,4 +1,5 @@
-"""PyTorch datasets over encoded JPEGs: one file per sample on disk, or one GET per sample over HTTP.
+"""PyTorch datasets over encoded images: one file per sample on disk, one GET per sample over HTTP, or
+members of one packed archive (ZIP or tar, see ``packing``) on disk or over HTTP Range requests.
 
 Every dataset here reads a sample's raw bytes with ``read_bytes(index)`` and hands them to the
 same ``decode_image``, so formats differ only in *how the bytes arrive*, never in how they decode.
@@ -6,9 +7,11 @@ same ``decode_image``, so formats differ only in *how the bytes arrive*, never i
 
 import http.client
 import io
+import json
 import os
 import threading
 import urllib.parse
+import zipfile
 from http import HTTPStatus
 from pathlib import Path
 
@@ -18,13 +21,20 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from .data import load_manifest
+from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest, split_member
+from .tario import INDEX_SUFFIX, TarFormatError, current_members, index_members, load_index
 
 DECODERS = ("pil", "torchvision")
 JPEG_SUFFIXES = (".jpg", ".jpeg")
+PAYLOAD_SUFFIXES = (*JPEG_SUFFIXES, ".npy")  # the members of an archive that are samples
+NPY_MAGIC = b"\x93NUMPY"
 
 
 def decode_image(data, decoder="pil"):
-    """Decode JPEG bytes into an RGB ``uint8`` tensor of shape (3, H, W)."""
+    """Decode JPEG bytes into an RGB ``uint8`` tensor of shape (3, H, W); ``.npy`` bytes (a ``uint8`` HWC
+    array saved by numpy, what ``packing`` stores for ``payload="raw"``) need no decoder and ignore it."""
+    if data[:len(NPY_MAGIC)] == NPY_MAGIC:
+        return decode_array(data)
     if decoder == "pil":
         with Image.open(io.BytesIO(data)) as image:
             return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).contiguous()
@@ -33,6 +43,19 @@ def decode_image(data, decoder="pil"):
 
         return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
     raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
+
+
+def decode_array(data):
+    """A ``uint8`` (H, W, 3) array in ``.npy`` bytes as a (3, H, W) tensor."""
+    array = np.load(io.BytesIO(data), allow_pickle=False)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise ValueError(f"expected a uint8 array of shape (H, W, 3), got {array.dtype} of shape {array.shape}")
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def is_url(source):
+    """True when ``source`` names something on an HTTP server rather than a local path."""
+    return str(source).startswith("http://")
 
 
 def samples_from_manifest(manifest):
@@ -75,22 +98,42 @@ class HttpClient:
 
     def get(self, relpath):
         """The body of one GET; errors name the URL and the HTTP status (404 is a ``FileNotFoundError``)."""
+        return self._request("GET", relpath, {}, HTTPStatus.OK)[1]
+
+    def get_range(self, relpath, start, length):
+        """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when length is 0)."""
+        if length == 0:
+            return b""
+        body = self._request("GET", relpath, {"Range": f"bytes={start}-{start + length - 1}"},
+                             HTTPStatus.PARTIAL_CONTENT)[1]
+        if len(body) != length:
+            raise OSError(f"GET {self.url_for(relpath)} returned {len(body)} of the {length} bytes asked for "
+                          f"at offset {start}: the file is shorter than expected")
+        return body
+
+    def content_length(self, relpath):
+        """The size of ``relpath`` in bytes, from one HEAD request."""
+        return int(self._request("HEAD", relpath, {}, HTTPStatus.OK)[0].getheader("Content-Length"))
+
+    def _request(self, method, relpath, headers, expected_status):
+        """``(response, body)`` of one request; errors name the request and the HTTP status."""
         url = self.url_for(relpath)
+        what = " ".join([method, url, *headers.values()])
         for attempt in (1, 2):
             connection = self._connection()
             try:
-                connection.request("GET", urllib.parse.urlsplit(url).path)
+                connection.request(method, urllib.parse.urlsplit(url).path, headers=headers)
                 response = connection.getresponse()
                 body = response.read()
                 break
             except (http.client.HTTPException, ConnectionError) as error:
                 connection.close()  # e.g. the server dropped an idle keep-alive connection: reconnect once
                 if attempt == 2:
-                    raise ConnectionError(f"GET {url} failed: {error!r}") from error
-        if response.status != HTTPStatus.OK:
+                    raise ConnectionError(f"{what} failed: {error!r}") from error
+        if response.status != expected_status:
             kind = FileNotFoundError if response.status == HTTPStatus.NOT_FOUND else OSError
-            raise kind(f"GET {url} failed: HTTP {response.status} {response.reason}")
-        return body
+            raise kind(f"{what} failed: HTTP {response.status} {response.reason}")
+        return response, body
 
     def _connection(self):
         if self._pid != os.getpid():  # first use, or a forked child holding its parent's sockets
@@ -122,7 +165,11 @@ class EncodedImageDataset(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index):
-        image = decode_image(self.read_bytes(index), self.decoder)
+        data = self.read_bytes(index)
+        try:
+            image = decode_image(data, self.decoder)
+        except (OSError, ValueError, RuntimeError) as error:  # how PIL, numpy and torchvision say "not an image"
+            raise ValueError(f"cannot decode {self.describe(index)} as an image: {error}") from error
         if self.transform is not None:
             image = self.transform(image)
         return image, self.labels[index]
@@ -130,6 +177,10 @@ class EncodedImageDataset(Dataset):
     def read_bytes(self, index):
         """The encoded bytes of sample ``index``."""
         raise NotImplementedError
+
+    def describe(self, index):
+        """Where sample ``index`` comes from, for error messages."""
+        return self.paths[index]
 
 
 class FolderDataset(EncodedImageDataset):
@@ -145,6 +196,9 @@ class FolderDataset(EncodedImageDataset):
 
     def read_bytes(self, index):
         return (self.root / self.paths[index]).read_bytes()
+
+    def describe(self, index):
+        return str(self.root / self.paths[index])
 
 
 class HttpDataset(EncodedImageDataset):
@@ -164,3 +218,176 @@ class HttpDataset(EncodedImageDataset):
 
     def read_bytes(self, index):
         return self.client.get(self.paths[index])
+
+    def describe(self, index):
+        return self.url_for(index)
+
+
+class HttpRangeFile(io.RawIOBase):
+    """A read-only, seekable file over ``http://`` (e.g. an archive on a ``NetworkStore``), enough for
+    ``zipfile.ZipFile`` or ``tario.iter_members``. Opening it costs one HEAD (for the size); a read that the
+    buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes."""
+
+    def __init__(self, url, read_ahead=64 * 1024, timeout=30.0):
+        super().__init__()
+        base_url, _, quoted_relpath = url.rpartition("/")
+        self.name = url
+        self.client = HttpClient(base_url + "/", timeout)
+        self.relpath = urllib.parse.unquote(quoted_relpath)
+        self.size = self.client.content_length(self.relpath)
+        self.read_ahead = read_ahead
+        self._position = 0
+        self._buffer_start, self._buffer = 0, b""
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._position
+
+    def seek(self, offset, whence=os.SEEK_SET):
+        position = offset + {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        if position < 0:
+            raise ValueError(f"cannot seek to {position}, before the start of {self.name}")
+        self._position = position
+        return position
+
+    def read(self, size=-1):
+        end = self.size if size is None or size < 0 else min(self._position + size, self.size)
+        if end <= self._position:
+            return b""
+        if not self._buffer_start <= self._position or end > self._buffer_start + len(self._buffer):
+            length = min(max(end - self._position, self.read_ahead), self.size - self._position)
+            self._buffer = self.client.get_range(self.relpath, self._position, length)
+            self._buffer_start = self._position
+        data = self._buffer[self._position - self._buffer_start:end - self._buffer_start]
+        self._position = end
+        return data
+
+
+def member_of(archive, name):
+    """How error messages name a member of an archive."""
+    return f"member {name!r} of {archive}"
+
+
+def labels_by_key(manifest):
+    """``{key: label}`` of an archive manifest written by ``packing``."""
+    return {sample["key"]: sample["label"] for sample in manifest["samples"]}
+
+
+def rows_from_members(archive, sizes, labels, labels_from):
+    """Rows ``(member, label, bytes)`` of every sample member (a ``PAYLOAD_SUFFIXES`` name) in name order, given
+    ``sizes`` (member → bytes) and ``labels`` (key → label); a sample without a label raises ``LookupError``."""
+    rows = []
+    for name, size in sorted(sizes.items()):
+        key, extension = split_member(name)
+        if f".{extension.lower()}" not in PAYLOAD_SUFFIXES:
+            continue
+        if key not in labels:
+            raise LookupError(f"{member_of(archive, name)} has no label: nothing for key {key!r} in {labels_from}")
+        rows.append((name, labels[key], size))
+    return rows
+
+
+class ZipDataset(EncodedImageDataset):
+    """The samples of a ZIP written by ``pack_zip`` (a path or an ``http://`` URL), read at random through the
+    ZIP's central directory; classes and labels from its ``manifest.json`` member."""
+
+    def __init__(self, archive, transform=None, decoder="pil"):
+        self.archive = str(archive)
+        try:  # one handle, opened here: DataLoader workers would share it, which breaks (lesson 3 shows how, and fixes it)
+            self.zip_file = zipfile.ZipFile(HttpRangeFile(self.archive) if is_url(self.archive) else self.archive)
+        except zipfile.BadZipFile as error:
+            raise zipfile.BadZipFile(f"{self.archive} is not a readable ZIP (corrupt or truncated): {error}") from error
+        sizes = {info.filename: info.file_size for info in self.zip_file.infolist()}
+        if ZIP_MANIFEST not in sizes:
+            raise LookupError(f"{self.archive} has no {ZIP_MANIFEST} member: it was not written by pack_zip")
+        manifest = parse_archive_manifest(self.read_member(ZIP_MANIFEST), member_of(self.archive, ZIP_MANIFEST))
+        rows = rows_from_members(self.archive, sizes, labels_by_key(manifest), ZIP_MANIFEST)
+        super().__init__(manifest["classes"], rows, transform, decoder)
+
+    def read_member(self, name):
+        """The bytes of member ``name``, their CRC checked."""
+        try:
+            return self.zip_file.read(name)
+        except zipfile.BadZipFile as error:
+            raise zipfile.BadZipFile(f"{member_of(self.archive, name)}: {error}") from error
+
+    def read_bytes(self, index):
+        return self.read_member(self.paths[index])
+
+    def describe(self, index):
+        return member_of(self.archive, self.paths[index])
+
+
+def remote_tar_index(remote):
+    """The member index of the tar behind ``remote`` (an ``HttpRangeFile``): its ``<url>.idx.json`` when there
+    is one for a tar of this size, else built by reading every header with range reads."""
+    try:
+        stored = json.loads(remote.client.get(remote.relpath + INDEX_SUFFIX))
+    except (FileNotFoundError, ValueError):  # no index, or not JSON
+        stored = None
+    members = current_members(stored, remote.size)
+    return members if members is not None else index_members(remote, remote.name)
+
+
+class IndexedTarDataset(EncodedImageDataset):
+    """The samples of a tar (``pack_tar``'s, or a webdataset shard; a path or an ``http://`` URL), read at random
+    through its member index: one ``pread`` per sample on disk, one Range GET over HTTP.
+
+    A local tar's index is ``<tar>.idx.json``, rebuilt when stale (``tario.load_index``). Classes and labels
+    come from the ``__manifest__`` member when there is one, else from each sample's ``.cls`` member (one
+    read each; classes are then None).
+    """
+
+    def __init__(self, tar_path, transform=None, decoder="pil"):
+        self.tar_path = str(tar_path)
+        self._descriptor, self._pid = None, None
+        if is_url(self.tar_path):
+            remote = HttpRangeFile(self.tar_path)
+            self.client, self.relpath = remote.client, remote.relpath
+            self.members = remote_tar_index(remote)
+        else:
+            self.client = None
+            self.members = load_index(self.tar_path)
+        classes, labels, labels_from = self._labels()
+        sizes = {name: size for name, (_, size) in self.members.items()}
+        super().__init__(classes, rows_from_members(self.tar_path, sizes, labels, labels_from), transform, decoder)
+
+    def _labels(self):
+        """``(classes, {key: label}, where the labels come from)``."""
+        if TAR_MANIFEST in self.members:
+            manifest = parse_archive_manifest(self.read_member(TAR_MANIFEST), member_of(self.tar_path, TAR_MANIFEST))
+            return manifest["classes"], labels_by_key(manifest), TAR_MANIFEST
+        labels = {}
+        for name in self.members:
+            key, extension = split_member(name)
+            if extension == "cls":
+                labels[key] = int(self.read_member(name))
+        return None, labels, "a .cls member"
+
+    def _file_descriptor(self):
+        """This process's descriptor of the tar, opened on first use: each DataLoader worker opens its own."""
+        if self._pid != os.getpid():
+            self._descriptor, self._pid = os.open(self.tar_path, os.O_RDONLY), os.getpid()
+        return self._descriptor
+
+    def read_member(self, name):
+        """The bytes of member ``name``: one ``pread``, or one Range GET over HTTP."""
+        offset, size = self.members[name]
+        if self.client is not None:
+            return self.client.get_range(self.relpath, offset, size)
+        data = os.pread(self._file_descriptor(), size, offset)
+        if len(data) != size:
+            raise TarFormatError(f"{member_of(self.tar_path, name)} is truncated: {len(data)} of {size} bytes "
+                                 "(the tar changed after it was indexed?)")
+        return data
+
+    def read_bytes(self, index):
+        return self.read_member(self.paths[index])
+
+    def describe(self, index):
+        return member_of(self.tar_path, self.paths[index])

@@ -1,0 +1,286 @@
+"""Reading tar archives by hand: 512-byte headers, pax and GNU long-name extensions, and a member index.
+
+A tar is a sequence of members, each a 512-byte header block followed by its data padded to whole
+blocks, and ends with a zero block. ``parse_header`` decodes one header; ``iter_members`` walks an
+archive (jumping over the data when the file can seek); ``build_index`` records where every member's
+data starts, so a reader can later fetch any one member with a single read.
+
+    for header, data_offset in iter_members(open("train.tar", "rb")):
+        print(header.name, header.size, data_offset)
+"""
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+BLOCK = 512
+ZERO_BLOCK = bytes(BLOCK)
+USTAR_MAGIC = b"ustar\x00"  # POSIX ustar; GNU tar writes "ustar  \x00" and has no name prefix field
+REGULAR_TYPES = ("0", "\x00", "7")
+PAX_TYPES = ("x", "X")  # extended header for the next member ("X": an old Solaris spelling)
+GNU_LONG_TYPES = {"L": "name", "K": "linkname"}  # GNU long name or link name for the next member
+EXTENSION_TYPES = (*PAX_TYPES, *GNU_LONG_TYPES)
+GLOBAL_PAX_TYPE = "g"  # global extended header: read past, not applied
+PAX_FIELDS = {"path": ("name", str), "linkpath": ("linkname", str), "size": ("size", int), "mtime": ("mtime", float)}
+INDEX_SUFFIX = ".idx.json"
+INDEX_FORMAT = ("packdata-tar-index", 1)
+
+
+# --- writing files safely --------------------------------------------------------------------------
+
+
+@contextmanager
+def written_atomically(path):
+    """Yield a binary file that becomes ``path`` only when the block succeeds; otherwise nothing is left."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            yield file
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; an archive should be readable like any file
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+class TarFormatError(ValueError):
+    """The bytes are not a well-formed tar: a bad checksum, a truncated archive, a malformed extension."""
+
+
+class StaleIndexError(ValueError):
+    """A tar's index is missing or no longer describes the tar (its size or modification time changed)."""
+
+
+@dataclass(frozen=True)
+class TarHeader:
+    """One member's header. ``name`` is the full path (the ustar prefix joined in, or a pax/GNU long name);
+    ``size`` the length of its data (pax may override it); ``offset`` where its own header block starts."""
+
+    name: str
+    size: int
+    mode: int
+    mtime: float
+    typeflag: str
+    linkname: str
+    uid: int
+    gid: int
+    uname: str
+    gname: str
+    offset: int
+
+    @property
+    def data_offset(self):
+        """Where the member's data starts: right after its header block."""
+        return self.offset + BLOCK
+
+    @property
+    def is_file(self):
+        """True for regular files (the members an index holds)."""
+        return self.typeflag in REGULAR_TYPES
+
+
+def _number(field):
+    """A numeric header field: octal digits ended by NUL or space, or GNU base-256 when the top bit is set."""
+    if field[0] & 0x80:
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    digits = field.split(b"\x00", 1)[0].strip()
+    return int(digits, 8) if digits else 0
+
+
+def _text(field):
+    return field.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def parse_header(block, archive="<tar>", offset=0):
+    """The ``TarHeader`` in the 512-byte ``block`` read at ``offset``; None for a zero block (end of archive).
+
+    The checksum is verified first: a mismatch raises ``TarFormatError`` naming ``archive`` and ``offset``.
+    """
+    if len(block) != BLOCK:
+        raise ValueError(f"a tar header is {BLOCK} bytes, got {len(block)}")
+    if block == ZERO_BLOCK:
+        return None
+    computed = sum(block[:148]) + 8 * ord(" ") + sum(block[156:])  # the checksum field itself counts as spaces
+    try:
+        stored = _number(block[148:156])
+    except ValueError:
+        stored = None
+    if stored != computed:
+        raise TarFormatError(
+            f"{archive}: bad header checksum at offset {offset} (stored {stored}, computed {computed}): "
+            "not a tar archive, or corrupt at this point"
+        )
+    prefix = _text(block[345:500]) if block[257:263] == USTAR_MAGIC else ""
+    name = _text(block[0:100])
+    try:
+        return TarHeader(
+            name=f"{prefix}/{name}" if prefix else name,
+            size=_number(block[124:136]),
+            mode=_number(block[100:108]),
+            mtime=_number(block[136:148]),
+            typeflag=chr(block[156]),
+            linkname=_text(block[157:257]),
+            uid=_number(block[108:116]),
+            gid=_number(block[116:124]),
+            uname=_text(block[265:297]),
+            gname=_text(block[297:329]),
+            offset=offset,
+        )
+    except ValueError as error:
+        raise TarFormatError(f"{archive}: unreadable header of {name!r} at offset {offset}: {error}") from error
+
+
+def parse_pax(data, archive="<tar>", offset=0):
+    """The records of a pax extended header, ``"<length> <key>=<value>\\n"`` each, as a dict of strings."""
+    records, position = {}, 0
+    while position < len(data):
+        try:
+            length = int(data[position:].split(b" ", 1)[0])
+            record = data[position:position + length]
+            if length < 1 or not record.endswith(b"\n"):
+                raise ValueError(f"record length {length} does not end a record")
+            key, value = record[record.index(b" ") + 1:-1].split(b"=", 1)
+        except ValueError as error:
+            raise TarFormatError(f"{archive}: malformed pax header at offset {offset}: {error}") from error
+        records[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+        position += length
+    return records
+
+
+def _overrides(header, data, archive):
+    """The fields an extension header (pax or GNU long name) sets on the member that follows it."""
+    if header.typeflag in GNU_LONG_TYPES:
+        return {GNU_LONG_TYPES[header.typeflag]: _text(data)}
+    records = parse_pax(data, archive, header.offset)
+    return {field: kind(records[key]) for key, (field, kind) in PAX_FIELDS.items() if key in records}
+
+
+# --- walking an archive ----------------------------------------------------------------------------
+
+
+def _truncated(archive, what, needed, left):
+    return TarFormatError(f"{archive} is truncated: {what} needs {needed} bytes, only {left} are left")
+
+
+def _read_exactly(fileobj, count, archive, what):
+    chunks, missing = [], count
+    while missing:  # a pipe or a socket may return less than asked for before its end
+        chunk = fileobj.read(missing)
+        if not chunk:
+            raise _truncated(archive, what, count, count - missing)
+        chunks.append(chunk)
+        missing -= len(chunk)
+    return b"".join(chunks)
+
+
+def _walk(fileobj, archive, read_data):
+    """Yield ``(header, data or None)`` per member, extension headers applied; the data is read only when
+    ``read_data`` or the file cannot seek. Every member must end inside the file, and the archive with a
+    zero block; otherwise ``TarFormatError`` names the archive and the member."""
+    seekable = fileobj.seekable()
+    position = fileobj.tell() if seekable else 0
+    end = fileobj.seek(0, os.SEEK_END) if seekable else None
+    overrides, previous = {}, None
+    while True:
+        if seekable:
+            fileobj.seek(position)  # the caller may have moved the file while it held a member
+        after = f"after member {previous!r}" if previous else "at its start"
+        header = parse_header(_read_exactly(fileobj, BLOCK, archive, f"the header at offset {position} ({after})"),
+                              archive, position)
+        if header is None:
+            return
+        header = replace(header, **overrides)
+        member = f"member {header.name!r} at offset {header.offset}"
+        if seekable and header.data_offset + header.size > end:
+            raise _truncated(archive, member, header.size, max(end - header.data_offset, 0))
+        is_meta = header.typeflag in EXTENSION_TYPES or header.typeflag == GLOBAL_PAX_TYPE
+        data = _read_exactly(fileobj, header.size, archive, member) if is_meta or read_data or not seekable else None
+        position = header.data_offset + header.size + -header.size % BLOCK
+        if not seekable:
+            _read_exactly(fileobj, -header.size % BLOCK, archive, f"the padding of {member}")
+        if header.typeflag in EXTENSION_TYPES:
+            overrides = {**overrides, **_overrides(header, data, archive)}
+        elif not is_meta:
+            overrides, previous = {}, header.name
+            yield header, data
+
+
+def iter_members(fileobj, name=None):
+    """Yield ``(header, data_offset)`` for every member of the tar in ``fileobj``, without reading any data
+    when the file can seek. ``name`` (default: ``fileobj.name``) is the archive's name in error messages."""
+    archive = name or getattr(fileobj, "name", "<tar>")
+    for header, _ in _walk(fileobj, archive, read_data=False):
+        yield header, header.data_offset
+
+
+def iter_files(fileobj, name=None):
+    """Yield ``(member name, data)`` for every regular file of the tar in ``fileobj``, in archive order."""
+    archive = name or getattr(fileobj, "name", "<tar>")
+    for header, data in _walk(fileobj, archive, read_data=True):
+        if header.is_file:
+            yield header.name, data
+
+
+# --- the index -------------------------------------------------------------------------------------
+
+
+def index_members(fileobj, name=None):
+    """``{member name: (data offset, size)}`` of every regular file, in archive order; a name that appears
+    twice maps to its last copy, as ``tarfile`` does."""
+    return {header.name: (offset, header.size) for header, offset in iter_members(fileobj, name) if header.is_file}
+
+
+def index_path(tar_path):
+    """Where the index of ``tar_path`` lives: next to it, ``<tar>.idx.json``."""
+    tar_path = Path(tar_path)
+    return tar_path.with_name(tar_path.name + INDEX_SUFFIX)
+
+
+def build_index(tar_path):
+    """Scan ``tar_path``, store its index with the tar's size and mtime in ``<tar>.idx.json``; return the index."""
+    tar_path = Path(tar_path)
+    stat = tar_path.stat()  # before the scan: a tar rewritten meanwhile makes this index stale, not wrong
+    with tar_path.open("rb") as file:
+        members = index_members(file, str(tar_path))
+    format_name, version = INDEX_FORMAT
+    stored = {"format": format_name, "version": version, "tar_size": stat.st_size,
+              "tar_mtime_ns": stat.st_mtime_ns, "members": members}
+    with written_atomically(index_path(tar_path)) as file:
+        file.write(json.dumps(stored).encode("utf-8"))
+    return members
+
+
+def current_members(stored, tar_size, tar_mtime_ns=None):
+    """The members of a decoded index file when it describes a tar of this size (and mtime, unless None),
+    else None."""
+    if not isinstance(stored, dict) or (stored.get("format"), stored.get("version")) != INDEX_FORMAT:
+        return None
+    if stored.get("tar_size") != tar_size or tar_mtime_ns not in (None, stored.get("tar_mtime_ns")):
+        return None
+    return {name: tuple(span) for name, span in stored["members"].items()}
+
+
+def load_index(tar_path, rebuild=True):
+    """The index of ``tar_path`` from ``<tar>.idx.json``. When that is missing, unreadable or stale (the tar's
+    size or mtime changed), rebuild it, or with ``rebuild=False`` raise ``StaleIndexError``."""
+    tar_path, path = Path(tar_path), index_path(tar_path)
+    stat = tar_path.stat()
+    try:
+        stored = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        stored = None
+    except ValueError:  # not JSON
+        stored = {}
+    members = current_members(stored, stat.st_size, stat.st_mtime_ns)
+    if members is not None:
+        return members
+    if not rebuild:
+        state = "missing" if stored is None else "unreadable, or stale: the tar's size or mtime changed since"
+        raise StaleIndexError(f"the index of {tar_path} is {state}; rebuild it with build_index({str(tar_path)!r})")
+    return build_index(tar_path)

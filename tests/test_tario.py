@@ -1,0 +1,207 @@
+import io
+import json
+import os
+import tarfile
+
+import pytest
+import webdataset
+
+from packdata import tario
+from packdata.packing import pack_tar
+from packdata.tario import (
+    BLOCK,
+    StaleIndexError,
+    TarFormatError,
+    build_index,
+    index_path,
+    iter_files,
+    iter_members,
+    load_index,
+    parse_header,
+)
+
+LONG_NAME = "deep/" * 30 + "sample.jpg"  # 160 characters: more than ustar's 100-byte name field
+MTIME = 1_700_000_000.25  # pax keeps the fraction; ustar and GNU headers hold whole seconds
+NAMES = ["a.txt", "folder/" + "x" * 90 + ".jpg", LONG_NAME, "ünïcode.cls", "last.bin"]  # the 2nd needs a prefix
+
+
+class Stream(io.RawIOBase):
+    """A file that can only be read front to back, like a pipe or an HTTP response."""
+
+    def __init__(self, data):
+        self.source = io.BytesIO(data)
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        return self.source.readinto(buffer)
+
+
+def write_tar(path, tar_format, names=NAMES):
+    """A tar of ``names`` (contents derived from each name) plus a symlink, written by Python's tarfile."""
+    with tarfile.open(path, "w", format=tar_format) as tar:
+        for index, name in enumerate(names):
+            data = (name * index).encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.uid, info.uname = len(data), MTIME, 1000 + index, f"user{index}"
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("link-to-a")
+        link.type, link.linkname = tarfile.SYMTYPE, "a.txt"
+        tar.addfile(link)
+    return path
+
+
+def as_tarfile_sees_it(path):
+    with tarfile.open(path) as tar:
+        return [(i.name, i.size, i.mode, i.mtime, i.type.decode(), i.linkname, i.uid, i.gid, i.uname, i.gname,
+                 i.offset_data) for i in tar.getmembers()]
+
+
+def as_we_see_it(fileobj, name=None):
+    return [(h.name, h.size, h.mode, h.mtime, h.typeflag, h.linkname, h.uid, h.gid, h.uname, h.gname, offset)
+            for h, offset in iter_members(fileobj, name)]
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_headers_agree_with_tarfile(tmp_path, tar_format):
+    names = NAMES if tar_format != tarfile.USTAR_FORMAT else [n for n in NAMES if n != LONG_NAME]  # ustar: no room
+    path = write_tar(tmp_path / "t.tar", tar_format, names)
+    with path.open("rb") as file:
+        assert as_we_see_it(file) == as_tarfile_sees_it(path)
+
+
+def test_pax_headers_override_name_and_mtime(tmp_path):
+    path = write_tar(tmp_path / "t.tar", tarfile.PAX_FORMAT)
+    with path.open("rb") as file:
+        headers = [header for header, _ in iter_members(file)]
+    assert [h.name for h in headers if h.is_file] == NAMES
+    assert headers[0].mtime == MTIME
+
+
+def test_gnu_base256_numbers(tmp_path):
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("big-uid")
+        info.uid = 8**8  # too large for 7 octal digits: GNU writes base-256
+        tar.addfile(info)
+    with path.open("rb") as file:
+        assert next(iter_members(file))[0].uid == 8**8
+
+
+def test_files_come_with_their_data_also_from_a_stream(tmp_path):
+    path = write_tar(tmp_path / "t.tar", tarfile.PAX_FORMAT)
+    with tarfile.open(path) as tar:
+        expected = [(i.name, tar.extractfile(i).read()) for i in tar.getmembers() if i.isfile()]
+    with path.open("rb") as file:
+        assert list(iter_files(file)) == expected
+    assert list(iter_files(Stream(path.read_bytes()), name="stream")) == expected
+    assert [h.name for h, _ in iter_members(Stream(path.read_bytes()))] == [row[0] for row in as_tarfile_sees_it(path)]
+
+
+def test_a_webdataset_shard_is_read_like_tarfile_reads_it(tmp_path):
+    pattern = str(tmp_path / "shard-%06d.tar")
+    with webdataset.ShardWriter(pattern, maxcount=1000, verbose=0) as writer:
+        for index in range(5):
+            writer.write({"__key__": f"{index:06d}", "jpg": bytes([index]) * (100 + index), "cls": index % 3})
+    path = tmp_path / "shard-000000.tar"
+    with path.open("rb") as file:
+        headers = as_we_see_it(file)
+    assert headers == as_tarfile_sees_it(path)
+    assert [name for name, *_ in headers][:4] == ["000000.cls", "000000.jpg", "000001.cls", "000001.jpg"]
+    assert b" mtime=" in path.read_bytes()  # webdataset's float mtimes went into pax headers
+
+
+def test_parse_header_verifies_the_checksum_and_names_archive_and_offset(tmp_path):
+    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt", "b.txt"])
+    second = as_tarfile_sees_it(path)[1][-1] - BLOCK
+    block = bytearray(path.read_bytes()[second:second + BLOCK])
+    assert parse_header(bytes(block), "t.tar", second).name == "b.txt"
+    block[0] ^= 1
+    with pytest.raises(TarFormatError, match=f"t.tar: bad header checksum at offset {second}"):
+        parse_header(bytes(block), "t.tar", second)
+    assert parse_header(bytes(BLOCK)) is None
+    with pytest.raises(ValueError, match="512"):
+        parse_header(b"short")
+
+
+def test_garbage_is_not_a_tar(tmp_path):
+    path = tmp_path / "garbage.tar"
+    path.write_bytes(os.urandom(4 * BLOCK))
+    with path.open("rb") as file, pytest.raises(TarFormatError, match=f"{path}: bad header checksum at offset 0"):
+        list(iter_members(file))
+
+
+@pytest.mark.parametrize("cut, expected", [
+    (lambda offsets: offsets[2] + 3, r"member 'ünïcode.cls' at offset \d+ needs 26 bytes, only 3 are left"),
+    (lambda offsets: offsets[2] - BLOCK + 100,
+     r"the header at offset \d+ \(after member 'folder/x+\.jpg'\) needs 512 bytes, only 100 are left"),
+    (lambda offsets: offsets[-1] + 2 * BLOCK,  # no end-of-archive block after the last member, the symlink
+     r"the header at offset \d+ \(after member 'link-to-a'\) needs 512 bytes, only 0 are left"),
+])
+@pytest.mark.parametrize("seekable", [True, False])
+def test_a_truncated_tar_names_the_archive_and_the_member(tmp_path, cut, expected, seekable):
+    names = [n for n in NAMES if n != LONG_NAME]
+    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, names)
+    offsets = [row[-1] for row in as_tarfile_sees_it(path) if row[0] in names]
+    data = path.read_bytes()[:cut(offsets)]
+    path.write_bytes(data)
+    fileobj = path.open("rb") if seekable else Stream(data)
+    with fileobj, pytest.raises(TarFormatError, match=f"{path} is truncated: {expected}"):
+        list(iter_members(fileobj, name=str(path)))
+
+
+def test_index_offsets_point_at_each_members_data(tmp_path):
+    path = write_tar(tmp_path / "t.tar", tarfile.PAX_FORMAT)
+    index = build_index(path)
+    blob = path.read_bytes()
+    with tarfile.open(path) as tar:
+        expected = {i.name: tar.extractfile(i).read() for i in tar.getmembers() if i.isfile()}
+    assert list(index) == list(expected)
+    assert {name: blob[offset:offset + size] for name, (offset, size) in index.items()} == expected
+    stored = json.loads(index_path(path).read_text())
+    assert (stored["tar_size"], stored["tar_mtime_ns"]) == (path.stat().st_size, path.stat().st_mtime_ns)
+    assert index_path(path).name == "t.tar.idx.json"
+
+
+def test_load_index_uses_a_current_index_and_rebuilds_a_stale_one(tmp_path, tiny_dataset, monkeypatch):
+    path = pack_tar(tiny_dataset, tmp_path / "t.tar", progress=False)
+    built = build_index(path)
+    monkeypatch.setattr(tario, "build_index", lambda _: pytest.fail("a current index was rebuilt"))
+    assert load_index(path, rebuild=False) == load_index(path) == built
+    monkeypatch.undo()
+
+    pack_tar(tiny_dataset, path, payload="raw", progress=False)  # same name, new content
+    with pytest.raises(StaleIndexError, match=f"the index of {path} is unreadable, or stale"):
+        load_index(path, rebuild=False)
+    rebuilt = load_index(path)
+    assert rebuilt != built and rebuilt["000000.npy"][0] == built["000000.jpg"][0]
+    assert load_index(path, rebuild=False) == rebuilt
+
+
+def test_a_touched_tar_makes_its_index_stale(tmp_path):
+    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt"])
+    build_index(path)
+    os.utime(path, ns=(0, path.stat().st_mtime_ns + 1))
+    with pytest.raises(StaleIndexError):
+        load_index(path, rebuild=False)
+
+
+def test_a_missing_or_unreadable_index(tmp_path):
+    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt"])
+    with pytest.raises(StaleIndexError, match="is missing"):
+        load_index(path, rebuild=False)
+    index_path(path).write_text("{not json")
+    assert list(load_index(path)) == ["a.txt"]
+    assert json.loads(index_path(path).read_text())["members"] == {"a.txt": [BLOCK, 0]}
+
+
+def test_a_malformed_pax_header_names_archive_and_offset(tmp_path):
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        pax = tarfile.TarInfo("pax")
+        pax.type, pax.size = tarfile.XHDTYPE, 9
+        tar.addfile(pax, io.BytesIO(b"3 path=x\n"))  # the record claims 3 bytes but runs to 9
+        tar.addfile(tarfile.TarInfo("a.txt"))
+    with path.open("rb") as file, pytest.raises(TarFormatError, match=f"{path}: malformed pax header at offset 0"):
+        list(iter_members(file))
