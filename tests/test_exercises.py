@@ -1,6 +1,8 @@
 """Exercises are generated from solutions (one source), and every check tells right from wrong."""
 
 import inspect
+import json
+import zipfile
 from pathlib import Path
 
 import jupytext
@@ -8,8 +10,8 @@ import pytest
 
 from PIL import Image
 
-from packdata import checks, costmodel, exercises
-from packdata.datasets import FolderDataset
+from packdata import checks, costmodel, data, exercises, packing, tario
+from packdata.datasets import FolderDataset, ZipDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
@@ -139,6 +141,42 @@ def predict_right(n, mean_bytes, latency, bandwidth, workers):
     return costmodel.predict_time(n, n * mean_bytes, latency, bandwidth, concurrency=workers)
 
 
+def archive(root, kind):
+    """The tiny dataset packed as a ZIP or tar next to it (packed once per session)."""
+    path = Path(root).parent / f"{Path(root).name}.{kind}"
+    if not path.exists():
+        (packing.pack_zip if kind == "zip" else packing.pack_tar)(root, path, progress=False)
+    return path
+
+
+def pack_zip_right(root, target, compression=zipfile.ZIP_STORED, labels=True, stamp=lambda name: name):
+    samples = data.load_manifest(root)["samples"]
+    with zipfile.ZipFile(target, "w", compression) as z:
+        for s in samples:
+            z.writestr(stamp(f"{s['key']}.jpg"), (Path(root) / s["path"]).read_bytes())
+        if labels:
+            z.writestr(stamp("labels.json"), json.dumps({s["key"]: s["label"] for s in samples}))
+
+
+def fixed_time(name):
+    return zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+
+
+class ZipLabelsOffByOne(ZipDataset):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, label + 1
+
+
+class StubZipDataset(ZipDataset):
+    __getitem__ = stub
+
+
+def tar_index_right(path):
+    with open(path, "rb") as file:
+        return tario.index_members(file)
+
+
 # name: (how to call the check with an implementation and the dataset root, right answer, wrong answers)
 CASES = {
     "check_count_per_class": (
@@ -161,8 +199,31 @@ CASES = {
         costmodel.workers_needed,
         [lambda t, l, s: t * (l + s), lambda t, l, s: int(t * (l + s))],
     ),
+    "check_pack_zip": (
+        lambda check, impl, root: check(impl, root),
+        lambda root, target: pack_zip_right(root, target, stamp=fixed_time),
+        [
+            lambda root, target: pack_zip_right(root, target, zipfile.ZIP_DEFLATED),  # str names take this
+            lambda root, target: pack_zip_right(root, target, labels=False, stamp=fixed_time),
+            pack_zip_right,  # members stamped with the clock: two packs differ
+        ],
+    ),
+    "check_zip_dataset": (
+        lambda check, impl, root: check(impl(archive(root, "zip")), archive(root, "zip")),
+        ZipDataset,
+        [ZipLabelsOffByOne],
+    ),
+    "check_tar_index": (
+        lambda check, impl, root: check(impl, archive(root, "tar")),
+        tar_index_right,
+        [
+            lambda path: {name: (offset - 512, size) for name, (offset, size) in tar_index_right(path).items()},
+            lambda path: {name: (offset, size + 1) for name, (offset, size) in tar_index_right(path).items()},
+            lambda path: dict(list(tar_index_right(path).items())[:-1]),
+        ],
+    ),
 }
-STUBS = {"check_folder_dataset": StubDataset}
+STUBS = {"check_folder_dataset": StubDataset, "check_zip_dataset": StubZipDataset}
 
 
 def test_every_check_has_cases():

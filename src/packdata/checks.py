@@ -5,6 +5,7 @@ starting with ✓ when it is right, and raises :class:`CheckFailed` with a speci
 when it is not.
 """
 
+import time
 from collections import Counter
 from collections.abc import Mapping
 
@@ -114,3 +115,90 @@ def check_workers_needed(workers_needed):
             hint = "one worker delivers 1 / (latency + seconds_per_sample) samples per second."
         raise CheckFailed(f"{call} returned {got!r}, expected {expected}: {hint}")
     passed("right number of workers in every case.")
+
+
+def check_pack_zip(pack_zip, root):
+    """Lesson 2: ``pack_zip(root, archive)`` writes every JPEG uncompressed, with labels, deterministically."""
+    import json
+    import tempfile
+    import zipfile
+    from pathlib import Path
+
+    manifest = data.load_manifest(root)
+    with tempfile.TemporaryDirectory() as tmp:
+        first, second = Path(tmp) / "first.zip", Path(tmp) / "second.zip"
+        pack_zip(root, first)
+        if not first.exists():
+            raise CheckFailed(f"pack_zip(root, archive) did not write {first.name}: write to the archive path it is given.")
+        with zipfile.ZipFile(first) as archive:
+            infos = {info.filename: info for info in archive.infolist()}
+            if "labels.json" not in infos:
+                raise CheckFailed("The archive has no labels.json member: labels must travel inside the archive.")
+            labels = json.loads(archive.read("labels.json"))
+            for sample in manifest["samples"]:
+                name = f"{sample['key']}.jpg"
+                if name not in infos:
+                    raise CheckFailed(f"Member {name} is missing: name each member <key>.jpg after the manifest's key.")
+                if infos[name].compress_type != zipfile.ZIP_STORED:
+                    raise CheckFailed(f"{name} is compressed: JPEG does not shrink, so store it (ZIP_STORED) and "
+                                      "save the decompression time on every read.")
+                if archive.read(name) != (Path(root) / sample["path"]).read_bytes():
+                    raise CheckFailed(f"{name} differs from {sample['path']}: store the file's bytes unchanged.")
+                if labels.get(sample["key"]) != sample["label"]:
+                    raise CheckFailed(f"labels.json gives {labels.get(sample['key'])!r} for key {sample['key']}, "
+                                      f"the manifest says {sample['label']}.")
+        time.sleep(2.1)  # ZIP timestamps have 2-second resolution: let a clock-stamped archive show itself
+        pack_zip(root, second)
+        if first.read_bytes() != second.read_bytes():
+            raise CheckFailed("Packing the same folder twice gave different archives. writestr(name, data) stamps "
+                              "each member with the current time: pass a ZipInfo(name, date_time=...) with a fixed "
+                              "date instead, and add members in sorted key order.")
+    passed(f"{len(manifest['samples'])} samples stored uncompressed with their labels; the archive is reproducible.")
+
+
+def check_zip_dataset(dataset, archive):
+    """Lesson 2: a ZIP-backed dataset must give the same (image, label) pairs as ``packdata``'s ZipDataset."""
+    import torch
+
+    from .datasets import ZipDataset
+
+    reference = ZipDataset(archive)
+    if len(dataset) != len(reference):
+        raise CheckFailed(f"len(dataset) is {len(dataset)}, but the archive holds {len(reference)} samples.")
+    for index in sorted({0, len(reference) // 2, len(reference) - 1}):
+        image, label = dataset[index]
+        expected_image, expected_label = reference[index]
+        if not isinstance(image, torch.Tensor) or image.shape != expected_image.shape:
+            raise CheckFailed(f"dataset[{index}] should be a uint8 tensor of shape {tuple(expected_image.shape)}: "
+                              "decode the member's bytes with decode_image.")
+        if label != expected_label or not torch.equal(image, expected_image):
+            raise CheckFailed(f"dataset[{index}] is not the sample with key {reference.paths[index]!r}: read the "
+                              "member named after the index-th manifest sample, and return its label.")
+    passed(f"{len(dataset)} samples read through the ZIP's central directory match the reference.")
+
+
+def check_tar_index(tar_index, tar_path):
+    """Lesson 2: ``tar_index(path)`` maps every member name to (data offset, size), read from the headers."""
+    from . import tario
+
+    with open(tar_path, "rb") as file:
+        expected = {name: tuple(place) for name, place in tario.index_members(file, str(tar_path)).items()}
+    got = tar_index(tar_path)
+    if not isinstance(got, dict):
+        raise CheckFailed(f"tar_index should return a dict {{name: (offset, size)}}, got {type(got).__name__}.")
+    missing = [name for name in expected if name not in got]
+    if missing:
+        raise CheckFailed(f"{len(missing)} members are missing, e.g. {missing[0]!r}: keep walking header after header "
+                          "until the first all-zero block.")
+    for name, (offset, size) in expected.items():
+        got_offset, got_size = got[name]
+        if got_size != size:
+            raise CheckFailed(f"{name!r}: size {got_size}, expected {size}. The size field (bytes 124-136) is an "
+                              "octal number written as ASCII: int(field.strip(b'\\0 '), 8).")
+        if got_offset == offset - 512:
+            raise CheckFailed(f"{name!r}: offset {got_offset} is where its header starts; the data starts one "
+                              "512-byte block later.")
+        if got_offset != offset:
+            raise CheckFailed(f"{name!r}: data offset {got_offset}, expected {offset}. After each member's data, "
+                              "skip its padding up to the next multiple of 512.")
+    passed(f"all {len(expected)} members indexed: any sample is now one seek and one read away.")
