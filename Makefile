@@ -17,7 +17,7 @@ QUIET_PIP := grep -v "^WARNING: Location 'file:" || true
 LESSON_DIRS := notebooks solutions exercises
 SOURCES = $(wildcard $(addsuffix /[0-9][0-9]_*.md,$(LESSON_DIRS)))
 
-.PHONY: help setup lab test data notebooks exercises exercises-check slides bench clean clean-data
+.PHONY: help setup lab test data notebooks exercises exercises-check slides schedule clean clean-data
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
@@ -29,10 +29,8 @@ $(INSTALLED): requirements.txt pyproject.toml
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | $(QUIET_PIP)
 	@touch $@
 
-$(LAB_SETTINGS): $(INSTALLED)
-	@mkdir -p $(dir $@)
-	@echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook"}},' \
-	      '"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+$(LAB_SETTINGS): $(INSTALLED) src/packdata/hub.py
+	@$(BIN)/packdata lab-settings > /dev/null
 
 setup: $(INSTALLED) $(LAB_SETTINGS)  ## create .venv, install pins and packdata, open .md as notebooks in Lab
 
@@ -51,6 +49,9 @@ exercises-check: setup  ## fail when exercises/ has drifted from solutions/
 
 slides: setup data  ## build offline reveal.js decks into build/slides/
 	@$(BIN)/packdata slides
+
+schedule: setup data  ## time every lesson on this machine; rewrite the schedule in INSTRUCTORS.md
+	@$(BIN)/packdata schedule
 
 lab: setup data notebooks  ## set everything up and open JupyterLab on the course
 	@echo "Starting JupyterLab on the course: open the http://127.0.0.1 URL printed below (Ctrl-C stops it)."

@@ -38,6 +38,18 @@ def _slides(args):
         print(deck)
 
 
+def _lab_settings(args):
+    from . import hub
+
+    print(hub.write_lab_settings(args.prefix))
+
+
+def _schedule(args):
+    from . import schedule
+
+    print(schedule.make_schedule(".", args.guide))
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="packdata", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -59,6 +71,14 @@ def build_parser():
     p.add_argument("--exercises", type=Path, default=Path("exercises"))
     p.add_argument("--check", action="store_true", help="fail when exercises/ differs from what solutions/ generates")
     p.set_defaults(run=_exercises)
+
+    p = verbs.add_parser("schedule", help="time every lesson here and write the schedule into the instructor guide")
+    p.add_argument("--guide", default="INSTRUCTORS.md")
+    p.set_defaults(run=_schedule)
+
+    p = verbs.add_parser("lab-settings", help="make JupyterLab open the lessons' .md files as notebooks")
+    p.add_argument("--prefix", type=Path, default=None, help="Jupyter's prefix (default: this Python's sys.prefix)")
+    p.set_defaults(run=_lab_settings)
 
     p = verbs.add_parser("slides", help="build offline reveal.js decks from the lessons")
     p.add_argument("--notebooks", type=Path, default=Path("notebooks"))

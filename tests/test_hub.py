@@ -1,0 +1,71 @@
+"""Hub readiness: JupyterLab settings, the post-build step, and the generated schedule."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from packdata import hub, schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_lab_settings_open_markdown_as_notebooks_and_keep_other_settings(tmp_path):
+    path = tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"@jupyterlab/apputils-extension:themes": {"theme": "JupyterLab Dark"}}))
+    assert hub.write_lab_settings(tmp_path) == path
+    settings = json.loads(path.read_text())
+    assert settings["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"]["markdown"] == "Jupytext Notebook"
+    assert settings["@jupyterlab/apputils-extension:themes"] == {"theme": "JupyterLab Dark"}
+
+
+def test_post_build_generates_the_dataset_and_lab_settings(tmp_path):
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "PACKDATA_DATA_DIR": str(tmp_path), "PACKDATA_SIZE": "small"}
+    subprocess.run([str(ROOT / "postBuild")], env=env, check=True, capture_output=True, timeout=300)
+    assert (tmp_path / "synthetic-small" / "manifest.json").exists()
+    settings = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    assert "Jupytext Notebook" in settings.read_text()
+    assert (ROOT / "notebooks" / "00_welcome.ipynb").exists()
+
+
+LESSON = """\
+```python
+print(sum(range(10)))
+```
+"""
+
+
+def test_timing_run_and_guide_update(tmp_path):
+    for folder in ("notebooks", "solutions"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "notebooks" / "00_a.md").write_text(LESSON)
+    (tmp_path / "notebooks" / "01_b.md").write_text(LESSON)
+    (tmp_path / "solutions" / "01_b.md").write_text(LESSON)
+    rows = schedule.timing_run(tmp_path)
+    assert [(name, solution is None) for name, _, solution in rows] == [("00_a", True), ("01_b", False)]
+    assert all(seconds > 0 for _, seconds, _ in rows)
+
+    guide = tmp_path / "GUIDE.md"
+    guide.write_text(f"# Guide\n\n{schedule.START}\nold\n{schedule.END}\n\nafter\n")
+    schedule.update_guide(guide, schedule.schedule_markdown(rows, data_bytes=5_000_000))
+    text = guide.read_text()
+    assert "old" not in text and text.endswith("after\n")
+    assert "| `00_a` |" in text and "| `01_b` |" in text and "**5 MB**" in text
+
+
+def test_guide_without_markers_is_refused(tmp_path):
+    guide = tmp_path / "GUIDE.md"
+    guide.write_text("# no markers here\n")
+    with pytest.raises(ValueError, match="no schedule markers"):
+        schedule.update_guide(guide, "table")
+
+
+def test_instructor_guide_has_a_schedule_slot():
+    text = (ROOT / "INSTRUCTORS.md").read_text()
+    assert schedule.START in text and schedule.END in text
