@@ -311,7 +311,7 @@ def test_missing_foreign_or_damaged_datasets_are_named(tiny_dataset, tmp_path):
     with pytest.raises(FileNotFoundError, match=named(tmp_path)):
         data.load_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text('{"hello": 1}')
-    with pytest.raises(ValueError, match="not a packdata manifest"):
+    with pytest.raises(ValueError, match="not a packdata-imagefolder document"):
         data.manifest_digest(tmp_path)
 
     copy = Path(shutil.copytree(tiny_dataset, tmp_path / "copy"))

@@ -44,21 +44,17 @@ def check_count_per_class(count_per_class, root):
     passed(f"{len(expected)} classes, {sum(expected.values())} images: your counts match the manifest.")
 
 
-def check_folder_dataset(dataset, root):
-    """Lesson 1: a folder dataset must give the same (image, label) pairs as ``packdata``'s FolderDataset."""
+def compare_with_reference(dataset, reference, source):
+    """Raise ``CheckFailed`` unless ``dataset`` gives the same (image, label) pairs as ``reference``."""
     import torch
 
-    from .datasets import FolderDataset
-
-    reference = FolderDataset(root)
     if len(dataset) != len(reference):
-        raise CheckFailed(f"len(dataset) is {len(dataset)}, but the manifest lists {len(reference)} samples.")
+        raise CheckFailed(f"len(dataset) is {len(dataset)}, but {source} holds {len(reference)} samples.")
     for index in sorted({0, len(reference) // 2, len(reference) - 1}):
         item = dataset[index]
         if not (isinstance(item, tuple) and len(item) == 2):
             raise CheckFailed(f"dataset[{index}] should be a tuple (image, label), got {type(item).__name__}.")
-        image, label = item
-        expected_image, expected_label = reference[index]
+        (image, label), (expected_image, expected_label) = item, reference[index]
         if not isinstance(image, torch.Tensor):
             raise CheckFailed(f"dataset[{index}] image is a {type(image).__name__}: decode the bytes with decode_image "
                               "to get a uint8 tensor.")
@@ -66,11 +62,18 @@ def check_folder_dataset(dataset, root):
             raise CheckFailed(f"dataset[{index}] image has shape {tuple(image.shape)} and dtype {image.dtype}, "
                               f"expected {tuple(expected_image.shape)} and {expected_image.dtype} (channels first).")
         if label != expected_label:
-            raise CheckFailed(f"dataset[{index}] has label {label}, the manifest says {expected_label}: "
-                              "take the label from the same manifest entry as the path.")
+            raise CheckFailed(f"dataset[{index}] has label {label}, {source} says {expected_label}: "
+                              "take the label from the same manifest entry as the sample.")
         if not torch.equal(image, expected_image):
-            raise CheckFailed(f"dataset[{index}] decodes to different pixels than the file "
-                              f"{reference.paths[index]}: are you reading the right file for this index?")
+            raise CheckFailed(f"dataset[{index}] decodes to different pixels than {reference.paths[index]} of "
+                              f"{source}: are you reading the right sample for this index?")
+
+
+def check_folder_dataset(dataset, root):
+    """Lesson 1: a folder dataset must give the same (image, label) pairs as ``packdata``'s FolderDataset."""
+    from .datasets import FolderDataset
+
+    compare_with_reference(dataset, FolderDataset(root), "the manifest")
     passed(f"{len(dataset)} samples; images and labels match the files and the manifest.")
 
 
@@ -158,22 +161,9 @@ def check_pack_zip(pack_zip, root):
 
 def check_zip_dataset(dataset, archive):
     """Lesson 2: a ZIP-backed dataset must give the same (image, label) pairs as ``packdata``'s ZipDataset."""
-    import torch
-
     from .datasets import ZipDataset
 
-    reference = ZipDataset(archive)
-    if len(dataset) != len(reference):
-        raise CheckFailed(f"len(dataset) is {len(dataset)}, but the archive holds {len(reference)} samples.")
-    for index in sorted({0, len(reference) // 2, len(reference) - 1}):
-        image, label = dataset[index]
-        expected_image, expected_label = reference[index]
-        if not isinstance(image, torch.Tensor) or image.shape != expected_image.shape:
-            raise CheckFailed(f"dataset[{index}] should be a uint8 tensor of shape {tuple(expected_image.shape)}: "
-                              "decode the member's bytes with decode_image.")
-        if label != expected_label or not torch.equal(image, expected_image):
-            raise CheckFailed(f"dataset[{index}] is not the sample with key {reference.paths[index]!r}: read the "
-                              "member named after the index-th manifest sample, and return its label.")
+    compare_with_reference(dataset, ZipDataset(archive), "the archive")
     passed(f"{len(dataset)} samples read through the ZIP's central directory match the reference.")
 
 

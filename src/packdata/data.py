@@ -75,20 +75,25 @@ def parse_size(size):
 # --- manifests ------------------------------------------------------------------------------------
 
 
+def parse_versioned_json(data, where, format_name, version):
+    """Decode a JSON document that names its ``format`` and ``version``; errors name ``where`` it came from."""
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{where} is not a {format_name} document: {err}") from err
+    if not isinstance(document, dict) or document.get("format") != format_name:
+        raise ValueError(f"{where} is not a {format_name} document (no \"format\": \"{format_name}\")")
+    if document.get("version") != version:
+        raise ValueError(f"{where} has {format_name} version {document.get('version')!r}; this packdata reads {version}")
+    return document
+
+
 def load_manifest(root):
     """Read ``root/manifest.json``; fail clearly when it is missing or not a packdata manifest."""
     path = Path(root) / "manifest.json"
     if not path.is_file():
         raise FileNotFoundError(f"no dataset at {root}: {path} is missing (run 'packdata make-data')")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not a packdata manifest: {err}") from err
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a packdata manifest (no \"format\": \"{FORMAT}\")")
-    if manifest.get("version") != VERSION:
-        raise ValueError(f"{path} has manifest version {manifest.get('version')!r}; this packdata reads {VERSION}")
-    return manifest
+    return parse_versioned_json(path.read_bytes(), path, FORMAT, VERSION)
 
 
 def manifest_digest(root):

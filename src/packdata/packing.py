@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from .data import encode_jpeg, load_manifest, manifest_digest
+from .data import encode_jpeg, load_manifest, manifest_digest, parse_versioned_json
 from .tario import written_atomically
 
 PAYLOADS = {"jpeg": ".jpg", "raw": ".npy"}
@@ -103,15 +103,7 @@ def _archive_manifest(root, source, payload, resize, entries):
 
 def parse_archive_manifest(data, where):
     """The decoded manifest member of a packed archive; errors name ``where`` (the archive and member)."""
-    try:
-        manifest = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{where} is not a packdata archive manifest: {error}") from error
-    if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT:
-        raise ValueError(f"{where} is not a packdata archive manifest (no \"format\": \"{ARCHIVE_FORMAT}\")")
-    if manifest.get("version") != ARCHIVE_VERSION:
-        raise ValueError(f"{where} has version {manifest.get('version')!r}; this packdata reads {ARCHIVE_VERSION}")
-    return manifest
+    return parse_versioned_json(data, where, ARCHIVE_FORMAT, ARCHIVE_VERSION)
 
 
 def split_member(name):
