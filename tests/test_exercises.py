@@ -1,7 +1,9 @@
 """Exercises are generated from solutions (one source), and every check tells right from wrong."""
 
 import inspect
+import math
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import jupytext
 import pytest
 
 from PIL import Image
+from torch.utils.data import get_worker_info
 
 from packdata import checks, costmodel, data, exercises, packing, tario
 from packdata.datasets import FolderDataset, ZipDataset
@@ -224,6 +227,195 @@ CASES = {
     ),
 }
 STUBS = {"check_folder_dataset": StubDataset, "check_zip_dataset": StubZipDataset}
+
+
+# --- lesson 4 ----------------------------------------------------------------------------------------
+
+def tiny_shards(root):
+    """The tiny dataset as 8 shards next to it (written once per session)."""
+    from packdata.shards import write_shards
+
+    folder = Path(root).parent / f"{Path(root).name}-shards"
+    if not folder.exists():
+        write_shards(root, folder, maxcount=8, progress=False)
+    return sorted(str(path) for path in folder.glob("train-*.tar"))
+
+
+def buffer_right(samples, size, rng):
+    from packdata.streaming import shuffle_buffer
+
+    return shuffle_buffer(samples, size, rng)
+
+
+def buffer_without_drain(samples, size, rng):
+    buffer = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        index = rng.randrange(size)
+        yield buffer[index]
+        buffer[index] = sample
+
+
+def buffer_that_yields_at_once(samples, size, rng):
+    buffer = []
+    for sample in samples:
+        buffer.append(sample)
+        yield buffer.pop(rng.randrange(len(buffer)))
+    yield from buffer
+
+
+def buffer_with_its_own_random(samples, size, rng):
+    import random
+
+    return buffer_right(samples, size, random.Random())
+
+
+CASES.update({
+    "check_shard_split": (
+        lambda check, impl, root: check(impl, tiny_shards(root)),
+        lambda shards, rank, world_size, worker, workers: list(shards)[rank::world_size][worker::workers],
+        [
+            lambda shards, rank, world_size, worker, workers: list(shards)[worker::workers],
+            lambda shards, rank, world_size, worker, workers: list(shards)[rank::world_size],
+            lambda shards, rank, world_size, worker, workers: list(shards)[rank * workers + worker::world_size * workers][:1],
+        ],
+    ),
+    "check_shuffle_buffer": (
+        lambda check, impl, root: check(impl, tiny_shards(root)),
+        buffer_right,
+        [lambda samples, size, rng: iter(samples), buffer_without_drain, buffer_that_yields_at_once,
+         buffer_with_its_own_random],
+    ),
+})
+
+
+# --- lesson 5 ----------------------------------------------------------------------------------------
+
+def upload_shards_right(client, dataset, paths):
+    client.create(dataset)
+    return [client.upload(dataset, Path(path).name, path) for path in paths]
+
+
+def upload_without_creating(client, dataset, paths):
+    return [client.upload(dataset, Path(path).name, path) for path in paths]
+
+
+def samples_per_shard_right(latency, bandwidth, mean_bytes, efficiency):
+    return math.ceil(costmodel.size_for_efficiency(latency, bandwidth, efficiency) / mean_bytes)
+
+
+CASES.update({
+    "check_upload_shards": (
+        lambda check, impl, root: check(impl, root),
+        upload_shards_right,
+        [
+            upload_without_creating,
+            lambda client, dataset, paths: [str(p) for p in upload_shards_right(client, dataset, paths) and paths],
+            lambda client, dataset, paths: upload_shards_right(client, dataset, paths[:1]),
+        ],
+    ),
+    "check_samples_per_shard": (
+        lambda check, impl, root: check(impl),
+        samples_per_shard_right,
+        [
+            lambda l, bw, b, e: int(costmodel.size_for_efficiency(l, bw, e) / b),
+            lambda l, bw, b, e: math.ceil(costmodel.size_for_efficiency(l, bw, 1 - e) / b),
+            lambda l, bw, b, e: costmodel.size_for_efficiency(l, bw, e) / b,
+        ],
+    ),
+    "check_shards_for_rank": (
+        lambda check, impl, root: check(impl),
+        lambda shards, rank, world_size: shards[rank::world_size],
+        [
+            lambda shards, rank, world_size: shards[rank * (n := len(shards) // world_size):(rank + 1) * n],
+            lambda shards, rank, world_size: shards[rank * (n := -(-len(shards) // world_size)):(rank + 1) * n],
+            lambda shards, rank, world_size: shards[rank:rank + len(shards) // world_size + 1],
+        ],
+    ),
+})
+
+
+# --- lesson 3 ----------------------------------------------------------------------------------------
+
+class PerProcessZip(ZipDataset):
+    def __init__(self, archive):
+        self._handle, self._pid = None, None
+        super().__init__(archive)
+
+    def _get_file_handle(self):
+        if self._pid != os.getpid():
+            self._handle, self._pid = zipfile.ZipFile(self.archive), os.getpid()
+        return self._handle
+
+    def read_member(self, name):
+        return self._get_file_handle().read(name)
+
+
+class StubPerProcessZip(PerProcessZip):
+    _get_file_handle = stub
+
+
+class InheritedZip(PerProcessZip):
+    def _get_file_handle(self):
+        return self.zip_file  # the one ZipDataset opened in __init__, shared by every forked worker
+
+
+class OpenedOnceWithoutPid(PerProcessZip):
+    def _get_file_handle(self):
+        if self._handle is None:
+            self._handle = zipfile.ZipFile(self.archive)
+        return self._handle
+
+
+class OpenedEveryCall(PerProcessZip):
+    def _get_file_handle(self):
+        return zipfile.ZipFile(self.archive)
+
+
+def reopen_right(worker_id):
+    dataset = get_worker_info().dataset
+    dataset.zip_file = zipfile.ZipFile(dataset.archive)
+
+
+def reopen_into_a_local(worker_id):
+    zipfile.ZipFile(get_worker_info().dataset.archive)
+
+
+class RecipeZip(ZipDataset):
+    def __reduce__(self):
+        return ZipDataset, (self.archive, self.transform, self.decoder)
+
+
+class StubRecipeZip(ZipDataset):
+    __reduce__ = stub
+
+
+class RecipeWithTheHandle(ZipDataset):
+    def __reduce__(self):
+        return ZipDataset, (self.archive,), self.__dict__
+
+
+class RecipeOfTheHandle(ZipDataset):
+    def __reduce__(self):
+        return ZipDataset, (self.zip_file,)
+
+
+def lesson3_case(check, impl, root):
+    return check(impl, archive(root, "zip"), data.load_manifest(root))
+
+
+CASES.update({
+    "check_per_process_handle": (lesson3_case, PerProcessZip, [InheritedZip, OpenedOnceWithoutPid, OpenedEveryCall]),
+    "check_worker_init_fn": (lesson3_case, reopen_right, [lambda worker_id: None, reopen_into_a_local]),
+    "check_spawn_ready": (
+        lambda check, impl, root: check(impl(archive(root, "zip")), data.load_manifest(root)),
+        RecipeZip,
+        [RecipeWithTheHandle, RecipeOfTheHandle],
+    ),
+})
+STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready": StubRecipeZip})
 
 
 def test_every_check_has_cases():

@@ -4,7 +4,13 @@ One module per idea, in the order the course meets them:
 
 - ``data``      — generate the offline synthetic dataset; export real datasets to the same layout
 - ``datasets``  — PyTorch datasets over folders, archives and shards
-- ``store``     — an emulated network store (HTTP with latency) on loopback
+- ``handles``   — one file handle per process for DataLoader workers; an audit of what workers read
+- ``store``     — an emulated network store (HTTP with latency) and a dataset service with its client, on loopback
+- ``shards``    — write, split, join and inspect tar shards (webdataset layout)
+- ``streaming`` — stream shards: exactly once per epoch across ranks and workers, shuffled twice
+- ``remote``    — upload datasets per object or as shards, stage them locally, map over shards
+- ``s3``        — an S3-protocol server on loopback (moto); boto3 and s3fs found by one endpoint setting
+- ``train``     — a small CNN and its train/evaluate loop, for the notebook and ``scripts/train.py``
 - ``bench``     — measure a DataLoader configuration, count every sample
 - ``storage``   — page-cache eviction, filesystem overhead, published storage figures
 - ``costmodel`` — time ≈ requests × latency + bytes / bandwidth, fitted and plotted

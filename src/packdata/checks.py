@@ -192,3 +192,315 @@ def check_tar_index(tar_index, tar_path):
             raise CheckFailed(f"{name!r}: data offset {got_offset}, expected {offset}. After each member's data, "
                               "skip its padding up to the next multiple of 512.")
     passed(f"all {len(expected)} members indexed: any sample is now one seek and one read away.")
+
+
+def check_upload_shards(upload_shards, root):
+    """Lesson 5: ``upload_shards(client, dataset, paths)`` stores every shard on a ``DatasetService`` and returns their
+    URLs in order; streaming those URLs gives every sample of ``root`` exactly once."""
+    import tempfile
+
+    from .shards import write_shards
+    from .store import DatasetClient, DatasetService, ServiceError
+    from .streaming import ShardDataset
+
+    keys = sorted(sample["key"] for sample in data.load_manifest(root)["samples"])
+    with tempfile.TemporaryDirectory() as local, tempfile.TemporaryDirectory() as served, \
+            DatasetService(served) as service:
+        written = write_shards(root, local, maxcount=max(1, len(keys) // 3), progress=False)
+        paths = [info.path for info in written]
+        client = DatasetClient(service.url)
+        try:
+            urls = upload_shards(client, "exercise", paths)
+        except ServiceError as error:
+            hint = " Create the dataset first: client.create(name)." if error.status == 404 else ""
+            raise CheckFailed(f"The service refused a request: {error}.{hint}") from None
+        if not isinstance(urls, list) or len(urls) != len(paths):
+            raise CheckFailed(f"Return a list with one URL per shard ({len(paths)}), got {urls!r:.200}.")
+        for path, url in zip(paths, urls):
+            if url != client.url_for("exercise", path.name):
+                raise CheckFailed(f"For {path.name} you returned {url!r}; return what client.upload gives back, "
+                                  f"the shard's URL on the service ({client.url_for('exercise', path.name)}).")
+            stored = service.root / "exercise" / path.name
+            if not stored.is_file() or stored.read_bytes() != path.read_bytes():
+                raise CheckFailed(f"{path.name} is not on the service with the same bytes: upload every shard.")
+        streamed = sorted(key for _, _, key in ShardDataset(urls, keys=("jpg", "cls", "__key__"), decode=False))
+    if streamed != keys:
+        raise CheckFailed(f"Streaming your URLs gave {len(streamed)} samples for {len(keys)} in the dataset.")
+    passed(f"{len(paths)} shards uploaded; streaming their URLs gives all {len(keys)} samples exactly once.")
+
+
+def check_samples_per_shard(samples_per_shard):
+    """Lesson 5: samples per shard so that each GET reaches ``efficiency`` of the bandwidth, by the cost model."""
+    import math
+
+    from .costmodel import size_for_efficiency
+
+    cases = [(0.002, 100e6, 2_100, 0.9), (0.02, 100e6, 2_100, 0.9), (0.05, 1e9, 110_000, 0.95), (1e-4, 500e6, 2_100, 0.5)]
+    for latency, bandwidth, mean_bytes, efficiency in cases:
+        expected = math.ceil(size_for_efficiency(latency, bandwidth, efficiency) / mean_bytes)
+        got = samples_per_shard(latency, bandwidth, mean_bytes, efficiency)
+        call = f"samples_per_shard({latency}, {bandwidth:g}, {mean_bytes}, {efficiency})"
+        if not isinstance(got, int) or isinstance(got, bool):
+            raise CheckFailed(f"{call} returned {got!r}: a number of samples is a whole number (round up).")
+        if got == expected - 1:
+            raise CheckFailed(f"{call} returned {got}, one too few: round up, or the shard falls short of "
+                              f"{efficiency:.0%}.")
+        if got != expected:
+            raise CheckFailed(f"{call} returned {got}, expected {expected}. Solve size / (size + latency × bandwidth) "
+                              "= efficiency for the size in bytes, then divide by the bytes per sample.")
+    passed("right shard size for every latency and bandwidth: the slower the round trip, the bigger the shard.")
+
+
+def check_shards_for_rank(shards_for_rank):
+    """Lesson 5: ``shards_for_rank(shards, rank, world_size)``: disjoint parts that cover the list, sizes within one."""
+    for count, world_size in [(10, 2), (10, 4), (9, 3), (7, 8), (1000, 7)]:
+        shards = [f"train-{i:06d}.tar" for i in range(count)]
+        parts = [list(shards_for_rank(shards, rank, world_size)) for rank in range(world_size)]
+        call = f"with {count} shards and {world_size} ranks"
+        seen = [shard for part in parts for shard in part]
+        if len(seen) != len(set(seen)):
+            raise CheckFailed(f"{call}, some shard goes to two ranks: both would train on its samples.")
+        if set(seen) != set(shards):
+            raise CheckFailed(f"{call}, {len(shards) - len(set(seen))} shards go to no rank: their samples are "
+                              "never trained on.")
+        sizes = sorted(len(part) for part in parts)
+        if sizes[-1] - sizes[0] > 1:
+            raise CheckFailed(f"{call}, the ranks get {sizes[0]} to {sizes[-1]} shards: the busiest rank sets the pace "
+                              "while the others wait. Deal the shards out like cards: every world_size-th one.")
+    passed("every shard goes to exactly one rank, and no rank gets more than one shard more than another.")
+
+
+def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
+    """Keys of one epoch as ``world_size`` simulated ranks × ``num_workers`` DataLoader workers stream them from
+    ``shards`` with ``ShardDataset(**options)``: real worker processes where ``fork`` exists (a function defined in a
+    notebook reaches them that way), else each worker's share computed in this process."""
+    import multiprocessing
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    from .streaming import ShardDataset
+
+    keys = []
+    for rank in range(world_size):
+        dataset = ShardDataset(shards, rank=rank, world_size=world_size, keys=("__key__",), decode=False, **options)
+        dataset.set_epoch(epoch)
+        if "fork" in multiprocessing.get_all_start_methods():
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+                loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, multiprocessing_context="fork")
+                keys += [key for (key,) in loader]
+        else:
+            keys += [key for worker in range(num_workers) for (key,) in dataset.iterate(worker, num_workers)]
+    return keys
+
+
+def _check_exactly_once(shards, what, **options):
+    """2 ranks × 3 workers, two epochs: every sample exactly once per epoch, and the next epoch in another order."""
+    from .streaming import count_samples, expand_shards
+
+    expected = sum(count_samples(shard) for shard in expand_shards(shards))
+    orders = [_stream_keys(shards, epoch=epoch, **options) for epoch in (0, 1)]
+    for epoch, keys in enumerate(orders):
+        repeated = [key for key, n in Counter(keys).items() if n > 1]
+        if repeated:
+            raise CheckFailed(f"epoch {epoch}: {len(repeated)} samples arrived more than once across 2 ranks × 3 "
+                              f"workers (e.g. key {repeated[0]!r}) {what}")
+        if len(keys) != expected:
+            raise CheckFailed(f"epoch {epoch}: {expected - len(keys)} of {expected} samples never arrived across 2 "
+                              f"ranks × 3 workers {what}")
+    if orders[0] == orders[1]:
+        raise CheckFailed(f"epochs 0 and 1 delivered the samples in the same order {what}")
+    return expected
+
+
+def check_shard_split(split_shards, shards):
+    """Lesson 4: ``split_shards(shards, rank, world_size, worker, num_workers)`` gives every (rank, worker) a part of
+    the list: disjoint, complete, within one shard of each other; then streams every sample exactly once."""
+    for count, world_size, num_workers in [(20, 2, 3), (7, 2, 2), (5, 1, 4), (12, 3, 1), (3, 2, 3)]:
+        names = [f"train-{i:06d}.tar" for i in range(count)]
+        parts = {(rank, worker): list(split_shards(names, rank, world_size, worker, num_workers))
+                 for rank in range(world_size) for worker in range(num_workers)}
+        call = f"with {count} shards, {world_size} ranks and {num_workers} workers"
+        owners = {}
+        for place, part in parts.items():
+            for name in part:
+                if name in owners:
+                    (r1, w1), (r2, w2) = owners[name], place
+                    raise CheckFailed(f"{call}, {name} goes to rank {r1} worker {w1} and to rank {r2} worker {w2}: "
+                                      "its samples would arrive twice. Split by rank first, then by worker.")
+                owners[name] = place
+        if len(owners) != count:
+            missing = sorted(set(names) - set(owners))
+            raise CheckFailed(f"{call}, nobody reads {missing[0]} ({len(missing)} shards left out).")
+        sizes = sorted(map(len, parts.values()))
+        if sizes[-1] - sizes[0] > 1:
+            raise CheckFailed(f"{call}, workers get {sizes[0]} to {sizes[-1]} shards: deal them out like cards.")
+    samples = _check_exactly_once(shards, "with your split.", splitter=split_shards)
+    passed(f"disjoint, complete, balanced; 2 ranks × 3 workers streamed all {samples:,} samples exactly once per epoch, "
+           "in a new order in the next epoch.")
+
+
+def check_shuffle_buffer(shuffle_buffer, shards):
+    """Lesson 4: ``shuffle_buffer(samples, size, rng)`` fills up before it yields, loses and repeats nothing, shuffles,
+    and is reproducible from ``rng``; then streams every sample exactly once with it."""
+    import random
+
+    consumed = []
+
+    def source(count=200):
+        for item in range(count):
+            consumed.append(item)
+            yield item
+
+    stream = iter(shuffle_buffer(source(), 50, random.Random(0)))
+    first = next(stream)
+    if len(consumed) < 50:
+        raise CheckFailed(f"the first sample came out after reading only {len(consumed)} of a buffer of 50: fill the "
+                          "buffer before yielding, or the first samples are hardly shuffled.")
+    out = [first, *stream]
+    if sorted(out) != list(range(200)):
+        lost = 200 - len(set(out))
+        raise CheckFailed(f"200 samples went in, {len(out)} came out ({lost} missing): at the end, yield what is "
+                          "still in the buffer.")
+    if out == list(range(200)):
+        raise CheckFailed("the samples come out in the order they went in: pick a random one of the buffer with rng.")
+    consumed.clear()
+    if list(shuffle_buffer(source(), 50, random.Random(0))) != out:
+        raise CheckFailed("the same rng seed gave a different order: draw every random choice from rng, nothing else.")
+    small = list(shuffle_buffer(iter(range(5)), 50, random.Random(1)))
+    if sorted(small) != list(range(5)):
+        raise CheckFailed(f"a stream shorter than the buffer (5 samples, buffer 50) came out as {small}.")
+    samples = _check_exactly_once(shards, "with your buffer.", shuffle=False, buffer_size=100, buffer=shuffle_buffer)
+    passed(f"fills first, keeps every sample, reproducible; 2 ranks × 3 workers streamed all {samples:,} samples exactly "
+           "once per epoch, in a new order in the next epoch.")
+
+
+# --- lesson 3: per-worker file handles ---------------------------------------------------------------
+
+CHECK_WORKERS = 3
+
+
+def _audit_or_explain(dataset, manifest, what, **loader_kwargs):
+    """``handles.audit_reads`` with ``CHECK_WORKERS`` workers; a loader that fails (e.g. the dataset does not
+    pickle, or a worker dies) becomes ``CheckFailed`` naming ``what`` ran. The learner's ``NotImplementedError``
+    passes through."""
+    import warnings
+
+    from .handles import audit_reads, expected_checksums
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*worker processes in total.*")  # 3 workers on purpose
+            return audit_reads(dataset, expected_checksums(dataset, manifest), num_workers=CHECK_WORKERS,
+                               **loader_kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        raise CheckFailed(f"{what} failed: {type(error).__name__}: {error}") from error
+
+
+def _first_error(audit):
+    index, kind = next(iter(audit.errors.items()))
+    return f"e.g. sample {index}: {kind}"
+
+
+def check_per_process_handle(dataset_class, archive, manifest):
+    """Lesson 3: ``dataset_class(archive)._get_file_handle()`` is one ``ZipFile`` per process, reused within it."""
+    import zipfile
+
+    dataset = dataset_class(archive)
+    handle = dataset._get_file_handle()
+    if not isinstance(handle, zipfile.ZipFile):
+        raise CheckFailed(f"_get_file_handle() returned a {type(handle).__name__}; it should return a "
+                          "zipfile.ZipFile of self.archive.")
+    if dataset._get_file_handle() is not handle:
+        raise CheckFailed("Two calls in the same process returned two different ZipFiles: you open the archive (and "
+                          "read its central directory) for every sample. Keep the ZipFile in self and return the "
+                          "same one until os.getpid() changes.")
+    handle.close()  # from now on, any process that still reads through the main process's handle fails at once
+    audit = _audit_or_explain(dataset, manifest, f"A DataLoader with {CHECK_WORKERS} forked workers",
+                              multiprocessing_context="fork", batch_size=4)
+    if audit.errors:
+        raise CheckFailed(
+            f"{len(audit.errors)} of {audit.samples:,} samples failed in {CHECK_WORKERS} forked workers "
+            f"({_first_error(audit)}). This check closed the main process's ZipFile before starting them, so a "
+            "worker that reads through the handle it inherited fails instead of racing the others. Remember "
+            "which process opened the handle (os.getpid()) and open a new one when the caller is another process."
+        )
+    if audit.wrong:
+        raise CheckFailed(f"{len(audit.wrong)} samples came back with the wrong bytes, e.g. sample {audit.wrong[0]}: "
+                          "read the member named self.paths[index] through this process's handle.")
+    passed(f"one ZipFile per process: {CHECK_WORKERS} forked workers opened their own and read all "
+           f"{audit.samples:,} samples right.")
+
+
+def check_worker_init_fn(worker_init_fn, archive, manifest):
+    """Lesson 3: ``worker_init_fn`` gives each forked worker's copy of a ``ZipDataset`` a ``ZipFile`` of its own."""
+    from .datasets import ZipDataset
+
+    dataset = ZipDataset(archive)
+    dataset.zip_file.close()  # a worker still reading through the main process's handle now fails at once
+    audit = _audit_or_explain(dataset, manifest, f"A DataLoader with {CHECK_WORKERS} forked workers and your "
+                              "worker_init_fn", multiprocessing_context="fork", batch_size=4,
+                              worker_init_fn=worker_init_fn)
+    if audit.errors:
+        raise CheckFailed(
+            f"{len(audit.errors)} of {audit.samples:,} samples failed ({_first_error(audit)}). This check closed the "
+            "main process's ZipFile before the workers started, so a worker that still reads through it fails. "
+            "In worker_init_fn, take get_worker_info().dataset (this worker's copy) and set its zip_file to a new "
+            "zipfile.ZipFile(dataset.archive)."
+        )
+    if audit.wrong:
+        raise CheckFailed(f"{len(audit.wrong)} samples came back with the wrong bytes, e.g. sample {audit.wrong[0]}: "
+                          "open the same archive, dataset.archive, in each worker.")
+    passed(f"each of {CHECK_WORKERS} forked workers read through a ZipFile of its own: all {audit.samples:,} samples "
+           "right.")
+
+
+def _classes_named_by(blob):
+    """``(module, name)`` of every global a pickle would import when loaded."""
+    import io
+    import pickle
+
+    names = []
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module, name):
+            names.append((module, name))
+            return super().find_class(module, name)
+
+    Recorder(io.BytesIO(blob)).load()
+    return names
+
+
+def check_spawn_ready(dataset, manifest):
+    """Lesson 3: ``dataset`` (a ``ZipDataset`` that has been read from) pickles for ``spawn``, and
+    ``CHECK_WORKERS`` spawned workers read every sample right."""
+    import pickle
+
+    dataset.read_bytes(0)  # used once: its handle is open, as it is after a first look at the data
+    try:
+        blob = pickle.dumps(dataset)
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        raise CheckFailed(
+            f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. A spawned worker receives the dataset "
+            "pickled, and an open ZipFile (its file, its lock) cannot be pickled. Pickle a recipe instead: "
+            "__reduce__ returns a class and the arguments to build the dataset again, e.g. the archive path."
+        ) from error
+    from_notebook = [f"{module}.{name}" for module, name in _classes_named_by(blob) if module == "__main__"]
+    if from_notebook:
+        raise CheckFailed(
+            f"The pickle names {from_notebook[0]}, defined in this notebook. A spawned worker is a fresh Python: it "
+            "imports what the pickle names, and it cannot import a notebook. Rebuild with a class that lives in a "
+            "module, such as packdata.datasets.ZipDataset."
+        )
+    audit = _audit_or_explain(dataset, manifest, f"A DataLoader with {CHECK_WORKERS} spawned workers",
+                              multiprocessing_context="spawn", batch_size=64)
+    if audit.corrupted:
+        raise CheckFailed(f"{audit.corrupted} of {audit.samples:,} samples did not arrive intact in the spawned "
+                          f"workers ({audit}); rebuild the dataset from the same archive, with the same arguments.")
+    passed(f"the dataset pickles to {len(blob):,} bytes with no open file inside; {CHECK_WORKERS} spawned workers "
+           f"rebuilt it and read all {audit.samples:,} samples right.")

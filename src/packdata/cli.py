@@ -50,6 +50,33 @@ def _schedule(args):
     print(schedule.make_schedule(".", args.guide))
 
 
+def _shards(args):
+    from . import shards
+
+    if args.action == "list":
+        for shard in shards.expand_shards(args.shards):
+            print(shards.format_shard(shards.describe_shard(shard)))
+            for name, size in shards.list_members(shard) if args.members else ():
+                print(f"  {name}\t{size:,} bytes")
+    elif args.action == "show":
+        for sample, _ in zip(shards.iter_shard_samples(args.shards), range(args.count)):
+            print(shards.format_sample(sample))
+    else:
+        written = (shards.split_tar(args.shards[0], args.out_dir, prefix=args.prefix, maxcount=args.maxcount,
+                                    maxsize=args.maxsize) if args.action == "split" else
+                   [shards.cat_shards(args.shards, args.output)])
+        for info in written:
+            print(f"{info.path}\t{info.samples} samples\t{info.bytes:,} bytes")
+
+
+def _serve(args):
+    from . import store
+
+    store.serve(args.root, latency=args.latency / 1000, bandwidth=args.bandwidth * 1e6 if args.bandwidth else None,
+                host=args.host, port=args.port,
+                max_upload=int(args.max_upload * 1e6) if args.max_upload else store.MAX_UPLOAD)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="packdata", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -85,6 +112,32 @@ def build_parser():
     p.add_argument("--out", type=Path, default=Path("build/slides"))
     p.add_argument("--no-execute", dest="execute", action="store_false", help="convert without running the code cells")
     p.set_defaults(run=_slides)
+    p = verbs.add_parser("shards", help="list, show, split and concatenate tar shards (webdataset layout)")
+    actions = p.add_subparsers(dest="action", required=True)
+    q = actions.add_parser("list", help="samples, members and bytes of each shard")
+    q.add_argument("shards", nargs="+", help="shard paths, URLs or brace patterns (quote them)")
+    q.add_argument("--members", action="store_true", help="also list every member with its size")
+    q = actions.add_parser("show", help="print the first samples: key, members, label")
+    q.add_argument("shards", nargs="+")
+    q.add_argument("-n", "--count", type=int, default=5)
+    q = actions.add_parser("split", help="split one tar into shards, samples kept whole")
+    q.add_argument("shards", nargs=1, metavar="tar")
+    q.add_argument("out_dir", type=Path)
+    q.add_argument("--prefix", default="train")
+    q.add_argument("--maxcount", type=int, default=1000, help="samples per shard at most")
+    q.add_argument("--maxsize", type=float, default=None, help="bytes per shard at most")
+    q = actions.add_parser("cat", help="concatenate shards into one tar")
+    q.add_argument("shards", nargs="+")
+    q.add_argument("-o", "--output", type=Path, required=True)
+    p.set_defaults(run=_shards)
+    p = verbs.add_parser("serve", help="run the dataset store service (lesson 5) on ROOT until Ctrl-C")
+    p.add_argument("root", type=Path, help="folder that holds the datasets (created if missing)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    p.add_argument("--latency", type=float, default=0.0, help="emulated latency per request, in ms")
+    p.add_argument("--bandwidth", type=float, default=None, help="emulated bandwidth cap per transfer, in MB/s")
+    p.add_argument("--max-upload", type=float, default=None, help="largest upload accepted, in MB (default: 1 GiB)")
+    p.set_defaults(run=_serve)
     return parser
 
 

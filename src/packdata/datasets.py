@@ -12,6 +12,7 @@ import os
 import threading
 import urllib.parse
 import zipfile
+from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from .data import load_manifest
+from .handles import PerProcessHandle
 from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest, split_member
 from .tario import INDEX_SUFFIX, TarFormatError, current_members, index_members, load_index
 
@@ -120,7 +122,7 @@ class HttpClient:
         url = self.url_for(relpath)
         what = " ".join([method, url, *headers.values()])
         for attempt in (1, 2):
-            connection = self._connection()
+            connection = self.connection()
             try:
                 connection.request(method, urllib.parse.urlsplit(url).path, headers=headers)
                 response = connection.getresponse()
@@ -135,7 +137,7 @@ class HttpClient:
             raise kind(f"{what} failed: HTTP {response.status} {response.reason}")
         return response, body
 
-    def _connection(self):
+    def connection(self):
         if self._pid != os.getpid():  # first use, or a forked child holding its parent's sockets
             self._local, self._pid = threading.local(), os.getpid()
         if not hasattr(self._local, "connection"):
@@ -292,22 +294,35 @@ def rows_from_members(archive, sizes, labels, labels_from):
     return rows
 
 
+def open_zip(archive):
+    """A ``zipfile.ZipFile`` of ``archive`` (a path or an ``http://`` URL); a file that is not a readable ZIP
+    raises ``BadZipFile`` naming it."""
+    try:
+        return zipfile.ZipFile(HttpRangeFile(archive) if is_url(archive) else archive)
+    except zipfile.BadZipFile as error:
+        raise zipfile.BadZipFile(f"{archive} is not a readable ZIP (corrupt or truncated): {error}") from error
+
+
 class ZipDataset(EncodedImageDataset):
     """The samples of a ZIP written by ``pack_zip`` (a path or an ``http://`` URL), read at random through the
-    ZIP's central directory; classes and labels from its ``manifest.json`` member."""
+    ZIP's central directory; classes and labels from its ``manifest.json`` member.
+
+    Its one ZIP handle is opened in ``__init__``: fine without workers, broken with them (lesson 3 shows
+    how); ``WorkerSafeZipDataset`` is the fix.
+    """
 
     def __init__(self, archive, transform=None, decoder="pil"):
         self.archive = str(archive)
-        try:  # one handle, opened here: DataLoader workers would share it, which breaks (lesson 3 shows how, and fixes it)
-            self.zip_file = zipfile.ZipFile(HttpRangeFile(self.archive) if is_url(self.archive) else self.archive)
-        except zipfile.BadZipFile as error:
-            raise zipfile.BadZipFile(f"{self.archive} is not a readable ZIP (corrupt or truncated): {error}") from error
+        self.zip_file = open_zip(self.archive)  # one handle, opened here: DataLoader workers would share it
+        super().__init__(*self._samples(), transform, decoder)
+
+    def _samples(self):
+        """``(classes, rows)`` from the ZIP's central directory and its manifest member."""
         sizes = {info.filename: info.file_size for info in self.zip_file.infolist()}
         if ZIP_MANIFEST not in sizes:
             raise LookupError(f"{self.archive} has no {ZIP_MANIFEST} member: it was not written by pack_zip")
         manifest = parse_archive_manifest(self.read_member(ZIP_MANIFEST), member_of(self.archive, ZIP_MANIFEST))
-        rows = rows_from_members(self.archive, sizes, labels_by_key(manifest), ZIP_MANIFEST)
-        super().__init__(manifest["classes"], rows, transform, decoder)
+        return manifest["classes"], rows_from_members(self.archive, sizes, labels_by_key(manifest), ZIP_MANIFEST)
 
     def read_member(self, name):
         """The bytes of member ``name``, their CRC checked."""
@@ -323,6 +338,22 @@ class ZipDataset(EncodedImageDataset):
         return member_of(self.archive, self.paths[index])
 
 
+class WorkerSafeZipDataset(ZipDataset):
+    """``ZipDataset`` that DataLoader workers can use under every start method: ``zip_file`` is the calling
+    process's own ``ZipFile``, opened there on first use (``handles.PerProcessHandle``), so a forked worker
+    never reads through its parent's, and pickling (``spawn``, ``forkserver``) carries only the path."""
+
+    def __init__(self, archive, transform=None, decoder="pil"):
+        self.archive = str(archive)
+        self._zip = PerProcessHandle(partial(open_zip, self.archive))
+        EncodedImageDataset.__init__(self, *self._samples(), transform, decoder)  # ZipDataset's would open a handle
+
+    @property
+    def zip_file(self):
+        """This process's ``ZipFile``, opened on its first use here."""
+        return self._zip.get()
+
+
 def remote_tar_index(remote):
     """The member index of the tar behind ``remote`` (an ``HttpRangeFile``): its ``<url>.idx.json`` when there
     is one for a tar of this size, else built by reading every header with range reads."""
@@ -336,7 +367,8 @@ def remote_tar_index(remote):
 
 class IndexedTarDataset(EncodedImageDataset):
     """The samples of a tar (``pack_tar``'s, or a webdataset shard; a path or an ``http://`` URL), read at random
-    through its member index: one ``pread`` per sample on disk, one Range GET over HTTP.
+    through its member index: one ``pread`` per sample on disk, one Range GET over HTTP. Safe with DataLoader
+    workers under every start method: each process opens the tar itself (``handles.PerProcessHandle``).
 
     A local tar's index is ``<tar>.idx.json``, rebuilt when stale (``tario.load_index``). Classes and labels
     come from the ``__manifest__`` member when there is one, else from each sample's ``.cls`` member (one
@@ -345,13 +377,13 @@ class IndexedTarDataset(EncodedImageDataset):
 
     def __init__(self, tar_path, transform=None, decoder="pil"):
         self.tar_path = str(tar_path)
-        self._descriptor, self._pid = None, None
         if is_url(self.tar_path):
             remote = HttpRangeFile(self.tar_path)
-            self.client, self.relpath = remote.client, remote.relpath
+            self.client, self.relpath, self._tar = remote.client, remote.relpath, None
             self.members = remote_tar_index(remote)
         else:
             self.client = None
+            self._tar = PerProcessHandle(partial(open, self.tar_path, "rb", buffering=0))  # each process its own
             self.members = load_index(self.tar_path)
         classes, labels, labels_from = self._labels()
         sizes = {name: size for name, (_, size) in self.members.items()}
@@ -369,18 +401,12 @@ class IndexedTarDataset(EncodedImageDataset):
                 labels[key] = int(self.read_member(name))
         return None, labels, "a .cls member"
 
-    def _file_descriptor(self):
-        """This process's descriptor of the tar, opened on first use: each DataLoader worker opens its own."""
-        if self._pid != os.getpid():
-            self._descriptor, self._pid = os.open(self.tar_path, os.O_RDONLY), os.getpid()
-        return self._descriptor
-
     def read_member(self, name):
         """The bytes of member ``name``: one ``pread``, or one Range GET over HTTP."""
         offset, size = self.members[name]
         if self.client is not None:
             return self.client.get_range(self.relpath, offset, size)
-        data = os.pread(self._file_descriptor(), size, offset)
+        data = os.pread(self._tar.get().fileno(), size, offset)
         if len(data) != size:
             raise TarFormatError(f"{member_of(self.tar_path, name)} is truncated: {len(data)} of {size} bytes "
                                  "(the tar changed after it was indexed?)")

@@ -1,0 +1,172 @@
+"""One file handle per process, and an audit of what DataLoader workers really read.
+
+A dataset that opens its file (a ZIP, a tar, an HDF5 file, an LMDB environment) in ``__init__`` breaks
+with DataLoader workers. Under ``fork`` every worker inherits the parent's descriptor, so they share one
+file offset and their seeks and reads interleave. Under ``spawn`` and ``forkserver`` the dataset is
+pickled, and an open file cannot be. ``PerProcessHandle`` avoids both: it opens on first use in each
+process (keyed by process id), pickles as its opener alone, and closes its handle when the process exits.
+
+    self.zip = PerProcessHandle(functools.partial(zipfile.ZipFile, path))   # in __init__: nothing opened yet
+    self.zip.get().read(name)                                                # in __getitem__: this process's own
+
+``audit_reads`` runs a DataLoader over a dataset's raw bytes and compares every sample with its manifest
+SHA-256, so errors and silently wrong bytes are both counted, sample by sample.
+"""
+
+import hashlib
+import os
+import re
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from multiprocessing.util import Finalize
+
+from torch.utils.data import DataLoader, Dataset
+
+_opened = {}  # process id -> handles PerProcessHandle opened in it (a forked child does not count its parent's)
+
+
+def opened_in_this_process():
+    """How many handles ``PerProcessHandle`` has opened in the calling process."""
+    return _opened.get(os.getpid(), 0)
+
+
+class PerProcessHandle:
+    """``get()`` returns this process's handle, calling ``opener()`` on first use in each process.
+
+    ``opener`` must pickle (a module-level function or class, or a ``functools.partial`` of one, not a
+    lambda) for ``spawn`` and ``forkserver``; the handle needs a ``close()`` method.
+    """
+
+    def __init__(self, opener):
+        self.opener = opener
+        self._handle, self._pid, self._closer = None, None, None
+
+    def get(self):
+        """This process's handle, opened now if this process has none yet."""
+        pid = os.getpid()
+        if self._pid != pid:  # first use here, or a forked child holding its parent's handle: never use that one
+            self._handle, self._pid = self.opener(), pid
+            _opened[pid] = _opened.get(pid, 0) + 1
+            # multiprocessing runs this when the process exits (DataLoader workers included) or this object dies
+            self._closer = Finalize(self, self._handle.close, exitpriority=0)
+        return self._handle
+
+    def close(self):
+        """Close this process's handle, if it opened one; the next ``get()`` opens a fresh one."""
+        if self._pid == os.getpid():
+            self._closer()  # closes the handle and forgets the exit-time close
+        self._handle, self._pid, self._closer = None, None, None
+
+    def __getstate__(self):  # the recipe travels, the open file does not
+        return {"opener": self.opener, "_handle": None, "_pid": None, "_closer": None}
+
+
+# --- the audit ---------------------------------------------------------------------------------------
+
+
+def expected_checksums(dataset, manifest):
+    """The SHA-256 of each of ``dataset``'s samples, in index order, from a manifest (the dataset's or an
+    archive's): a sample's member name ``<key>.<ext>`` is looked up by key."""
+    by_key = {sample["key"]: sample["sha256"] for sample in manifest["samples"]}
+    return [by_key[path.rsplit("/", 1)[-1].partition(".")[0]] for path in dataset.paths]
+
+
+def error_kind(error):
+    """An error's type and message up to the first name it quotes, so that equal failures group together:
+    ``"BadZipFile: Bad CRC-32 for file …"``."""
+    while error.__cause__ is not None:  # packdata wraps reader errors to name the archive: report the reader's
+        error = error.__cause__
+    message = str(error)
+    quote = re.search(r"""\s*b?['"]""", message)
+    return f"{type(error).__name__}: " + (message[:quote.start()] + " …" if quote else message)
+
+
+class _Fingerprints(Dataset):
+    """Item ``i`` is ``(i, process id, handles opened there so far, SHA-256 of the bytes or "", error or "")``.
+    Other attributes pass through to the wrapped dataset, so a ``worker_init_fn`` sees the dataset it expects."""
+
+    def __init__(self, dataset):
+        self.__dict__["dataset"] = dataset
+
+    def __getattr__(self, name):  # only called for names this wrapper lacks
+        if name == "dataset":  # not set yet, e.g. while unpickling
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.dataset, name, value)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        try:
+            digest, error = hashlib.sha256(self.dataset.read_bytes(index)).hexdigest(), ""
+        except Exception as caught:  # counted, not raised: one bad sample must not end the audit
+            digest, error = "", error_kind(caught)
+        return index, os.getpid(), opened_in_this_process(), digest, error
+
+
+def _as_list(batch):
+    return batch
+
+
+@dataclass
+class ReadAudit:
+    """Every sample a DataLoader delivered, checked: the right bytes, an error, or silently wrong bytes."""
+
+    samples: int
+    correct: int = 0
+    errors: dict = field(default_factory=dict)  # index -> error kind
+    wrong: list = field(default_factory=list)  # indices whose bytes differ from the checksum, without any error
+    processes: dict = field(default_factory=dict)  # pid -> {"samples": read there, "opened": handles opened there}
+
+    @property
+    def corrupted(self):
+        """Samples that did not arrive intact: errors plus silently wrong bytes."""
+        return len(self.errors) + len(self.wrong)
+
+    def error_counts(self):
+        """How many samples failed with each error kind."""
+        return Counter(self.errors.values())
+
+    def __str__(self):
+        lines = [f"{self.samples:,} samples: {self.correct:,} correct, {len(self.errors):,} raised an error, "
+                 f"{len(self.wrong):,} silently wrong"]
+        lines += [f"  {count:>6,} × {kind}" for kind, count in self.error_counts().most_common()]
+        return "\n".join(lines)
+
+
+def audit_reads(dataset, checksums, *, num_workers=0, batch_size=8, **loader_kwargs):
+    """Read every sample of ``dataset`` (its ``read_bytes``) through a ``DataLoader`` and compare each with
+    ``checksums`` (SHA-256 hex per index, see ``expected_checksums``); return a ``ReadAudit``.
+
+    ``loader_kwargs`` go to the ``DataLoader`` (e.g. ``multiprocessing_context="fork"``, ``worker_init_fn``).
+    Per process, ``processes`` counts the samples read and the handles ``PerProcessHandle`` opened during the audit.
+    """
+    if len(checksums) != len(dataset):
+        raise ValueError(f"{len(checksums)} checksums for {len(dataset)} samples")
+    loader = DataLoader(_Fingerprints(dataset), batch_size=batch_size, num_workers=num_workers,
+                        collate_fn=_as_list, **loader_kwargs)
+    audit = ReadAudit(samples=len(dataset))
+    already_opened = {os.getpid(): opened_in_this_process()}  # workers start afresh; this process may not
+    batches = iter(loader)
+    try:
+        for batch in batches:
+            for index, pid, opened, digest, error in batch:
+                process = audit.processes.setdefault(pid, {"samples": 0, "opened": 0})
+                process["samples"] += 1
+                process["opened"] = max(process["opened"], opened - already_opened.get(pid, 0))
+                if error:
+                    audit.errors[index] = error
+                elif digest != checksums[index]:
+                    audit.wrong.append(index)
+                else:
+                    audit.correct += 1
+    except BaseException as error:  # e.g. a worker_init_fn raised: the loader's frames in the traceback hold
+        traceback.clear_frames(error.__traceback__)  # its workers, which later forks would inherit; let them go
+        raise
+    finally:
+        del batches  # the last reference: the workers stop now
+    return audit
