@@ -415,7 +415,7 @@ def export_image_folder(source, target, progress=True):
     return _write_dataset(target, classes, samples, len(files), progress, "image-folder")
 
 
-def _as_pil(image, index):
+def as_pil(image, index):
     """A PIL image or a uint8 CHW tensor/array as an RGB PIL image."""
     if isinstance(image, Image.Image):
         return image.convert("RGB")
@@ -451,7 +451,7 @@ def export_torchvision(dataset, target, classes=None, progress=True):
                 label = -1
             if not 0 <= label < len(folders):
                 raise ValueError(f"sample {index} has label {given!r}; expected an int in 0..{len(folders) - 1}")
-            yield label, encode_jpeg(_as_pil(image, index))
+            yield label, encode_jpeg(as_pil(image, index))
 
     source = f"torchvision:{type(dataset).__name__}"
     return _write_dataset(target, folders, samples(), len(dataset), progress, source)

@@ -64,7 +64,7 @@ def iter_payloads(root, samples, payload="jpeg", resize=None):
         yield sample["key"], sample["label"], encode_payload(source, payload, resize)
 
 
-def _checked_suffix(payload, resize):
+def checked_suffix(payload, resize):
     """The member suffix of ``payload``; refuses unknown payloads and sizes that are not positive ints."""
     if payload not in PAYLOADS:
         raise ValueError(f"unknown payload {payload!r}; choose one of {tuple(PAYLOADS)}")
@@ -75,7 +75,7 @@ def _checked_suffix(payload, resize):
 
 def _start_packing(root, archive, payload, resize, progress):
     """``(member suffix, source manifest, payloads)`` of one packing run; the payloads show a progress bar."""
-    suffix = _checked_suffix(payload, resize)
+    suffix = checked_suffix(payload, resize)
     source = load_manifest(root)
     payloads = iter_payloads(root, source["samples"], payload, resize)
     bar = tqdm(payloads, total=len(source["samples"]), desc=Path(archive).name, unit="img", disable=not progress)
@@ -137,7 +137,7 @@ def pack_zip(root, archive, *, payload="jpeg", resize=None, progress=True):
     return Path(archive)
 
 
-def _tar_member(name, data):
+def tar_member(name, data):
     """One ustar member, header and padded data, with every field that could vary fixed."""
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o644, FIXED_MTIME
@@ -158,10 +158,10 @@ def pack_tar(root, archive, *, payload="jpeg", resize=None, progress=True):
     entries = []
     with written_atomically(archive) as file, tempfile.TemporaryFile(dir=archive.parent) as samples:
         for key, label, data in payloads:
-            samples.write(_tar_member(key + suffix, data))
-            samples.write(_tar_member(f"{key}.cls", str(label).encode("ascii")))
+            samples.write(tar_member(key + suffix, data))
+            samples.write(tar_member(f"{key}.cls", str(label).encode("ascii")))
             entries.append(_manifest_entry(key, label, data))
-        file.write(_tar_member(TAR_MANIFEST, _archive_manifest(root, source, payload, resize, entries)))
+        file.write(tar_member(TAR_MANIFEST, _archive_manifest(root, source, payload, resize, entries)))
         samples.seek(0)
         shutil.copyfileobj(samples, file)
         file.write(END_OF_TAR)

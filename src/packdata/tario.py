@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
@@ -284,3 +286,142 @@ def load_index(tar_path, rebuild=True):
         state = "missing" if stored is None else "unreadable, or stale: the tar's size or mtime changed since"
         raise StaleIndexError(f"the index of {tar_path} is {state}; rebuild it with build_index({str(tar_path)!r})")
     return build_index(tar_path)
+
+
+# --- the fast path: a whole archive in memory ------------------------------------------------------
+
+_REGULAR_FLAGS = {ord(flag) for flag in REGULAR_TYPES}
+_PAX_FLAGS = {ord(flag) for flag in PAX_TYPES}
+_GLOBAL_PAX_FLAG = ord(GLOBAL_PAX_TYPE)
+_USTAR = np.frombuffer(USTAR_MAGIC, np.uint8)
+_OCTAL_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # of an 11-digit octal field
+
+
+def _size_of(data, position, archive):
+    """The size field of the header at ``position``: plain octal digits fast, anything else the careful way."""
+    try:
+        return int(data[position + 124:position + 135], 8)  # 11 octal digits, as tarfile and GNU tar write it
+    except ValueError:
+        try:
+            return _number(data[position + 124:position + 136])  # base-256, or digits ended early by NUL or space
+        except ValueError:
+            parse_header(data[position:position + BLOCK], archive, position)  # a bad checksum says more than we can
+            raise TarFormatError(f"{archive}: unreadable size in the header at offset {position}") from None
+
+
+def _name_of(data, position):
+    end = data.find(b"\x00", position, position + 100)
+    name = data[position:end if end >= 0 else position + 100].decode("utf-8", "surrogateescape")
+    if data[position + 345] and data[position + 257:position + 263] == USTAR_MAGIC:
+        return f"{_text(data[position + 345:position + 500])}/{name}"
+    return name
+
+
+def _byte_sums(headers):
+    """The sum of each 512-byte row: its two halves added as 16-bit numbers (each ≤ 510), then summed in 32 bits."""
+    halves = headers[:, :BLOCK // 2].astype(np.uint16) + headers[:, BLOCK // 2:]
+    return halves.sum(axis=1, dtype=np.uint32).astype(np.int64)
+
+
+def _bad_checksums(headers):
+    """Indices of the 512-byte rows of ``headers`` whose stored checksum differs from their byte sum."""
+    field = headers[:, 148:156].astype(np.int64)
+    computed = _byte_sums(headers) - field.sum(axis=1) + 8 * ord(" ")  # the field itself counts as spaces
+    digits = field - ord("0")
+    is_digit = (digits >= 0) & (digits <= 7)  # octal digits; the NULs and spaces around them are skipped
+    if is_digit[:, :6].all() and (field[:, 6:] == (0, ord(" "))).all():  # "%06o\0 ", as tarfile and GNU tar write it
+        stored = digits[:, :6] @ _OCTAL_WEIGHTS[-6:]
+    else:
+        weight = 3 * (is_digit[:, ::-1].cumsum(axis=1)[:, ::-1] - is_digit)  # 3 bits per octal digit to its right
+        stored = np.where(is_digit, digits << weight, 0).sum(axis=1)
+    return np.flatnonzero(stored != computed)
+
+
+def verify_checksums(data, positions, archive="<tar>"):
+    """Check the header checksums at ``positions`` (multiples of 512) of the tar in ``data`` all at once; a mismatch
+    raises ``TarFormatError`` naming the archive and the first bad header's offset."""
+    if not len(positions):
+        return
+    blocks = np.frombuffer(data, np.uint8, count=len(data) // BLOCK * BLOCK).reshape(-1, BLOCK)
+    bad = _bad_checksums(blocks[np.asarray(positions) // BLOCK])
+    if bad.size:
+        position = int(positions[bad[0]])
+        parse_header(data[position:position + BLOCK], archive, position)  # raises, with the stored and computed sums
+        raise TarFormatError(f"{archive}: bad header checksum at offset {position}")  # a field parse_header accepts
+
+
+def scan_plain(data, archive="<tar>"):
+    """The vectorised scan of the common layout, or None when ``data`` is not that layout (then ``scan_buffer``'s
+    member-by-member walk decides): POSIX ustar headers of regular files only, names of at most 100 bytes, 11-digit
+    octal sizes, a zero block after the last member. Returns ``(names as bytes, data offsets, sizes)``, numpy arrays.
+
+    Every block whose magic says "ustar" is a candidate header; the candidates must chain exactly (each member's
+    data ends where the next header starts), so a lookalike inside a member's data sends the shard the slow way.
+    """
+    if len(data) % BLOCK or len(data) < 2 * BLOCK:
+        return None
+    blocks = np.frombuffer(data, np.uint8).reshape(-1, BLOCK)
+    candidates = np.flatnonzero(blocks[:, 257] == _USTAR[0])
+    candidates = candidates[(blocks[candidates, 257:263] == _USTAR).all(axis=1)]
+    if not candidates.size or candidates[0] != 0:
+        return None
+    headers = blocks[candidates]
+    digits = headers[:, 124:135].astype(np.int64) - ord("0")
+    flags_plain = np.isin(headers[:, 156], (0, ord("0")))
+    if ((digits < 0) | (digits > 7)).any() or headers[:, 345].any() or not flags_plain.all():
+        return None  # base-256 sizes, a name prefix, links, folders, pax or GNU records: the general walk
+    sizes = digits @ _OCTAL_WEIGHTS
+    following = candidates + 1 + (sizes + BLOCK - 1) // BLOCK
+    if (following[:-1] != candidates[1:]).any() or following[-1] >= len(blocks) or blocks[following[-1]].any():
+        return None
+    bad = _bad_checksums(headers)
+    if bad.size:
+        verify_checksums(data, [int(candidates[bad[0]]) * BLOCK], archive)
+    return np.ascontiguousarray(headers[:, :100]).view("S100").ravel(), (candidates + 1) * BLOCK, sizes
+
+
+def scan_buffer(data, archive="<tar>"):
+    """``[(member name, data offset, size)]`` of every regular file of the tar held whole in ``data``, in order.
+
+    The fast path for streaming a shard that was read whole: ``scan_plain`` when the layout allows, else a walk
+    that decodes only the name, size and type of each header and applies pax (``x``) and GNU long-name records;
+    either way all checksums are verified in one vectorised pass. A member that runs past the end, or a missing
+    end-of-archive block, raises ``TarFormatError`` naming ``archive``.
+    """
+    plain = scan_plain(data, archive)
+    if plain is not None:
+        names, starts, sizes = (column.tolist() for column in plain)
+        return [(name.decode("utf-8", "surrogateescape"), *span) for name, *span in zip(names, starts, sizes)]
+    members, positions, overrides, position, end = [], [], {}, 0, len(data)
+    while True:
+        if position + BLOCK > end:
+            after = f"after member {members[-1][0]!r}" if members else "at its start"
+            raise _truncated(archive, f"the header at offset {position} ({after})", BLOCK, end - position)
+        if data[position] == 0 and data[position:position + BLOCK] == ZERO_BLOCK:
+            break
+        positions.append(position)
+        flag = data[position + 156]
+        size = overrides.get("size", None)
+        size = _size_of(data, position, archive) if size is None else size
+        start = position + BLOCK
+        if start + size > end:
+            name = overrides.get("name") or _name_of(data, position)
+            verify_checksums(data, positions, archive)
+            raise _truncated(archive, f"member {name!r} at offset {position}", size, end - start)
+        if flag in _REGULAR_FLAGS:
+            members.append((overrides.get("name") or _name_of(data, position), start, size))
+            overrides = {}
+        elif flag in _PAX_FLAGS or chr(flag) in GNU_LONG_TYPES:
+            header = TarHeader(_name_of(data, position), size, 0, 0, chr(flag), "", 0, 0, "", "", position)
+            overrides = {**overrides, **_overrides(header, data[start:start + size], archive)}
+        elif flag != _GLOBAL_PAX_FLAG:  # a folder, a link, a device: it used up the extension records
+            overrides = {}
+        position = start + size + -size % BLOCK
+    verify_checksums(data, positions, archive)
+    return members
+
+
+def iter_buffer(data, archive="<tar>"):
+    """Yield ``(member name, bytes)`` for every regular file of the tar held whole in ``data``, in archive order."""
+    for name, start, size in scan_buffer(data, archive):
+        yield name, data[start:start + size]

@@ -1,0 +1,408 @@
+"""Stream samples from tar shards: an ``IterableDataset`` built from small generator stages.
+
+Every epoch, each DataLoader worker of each rank runs the same pipeline on its own part of the data::
+
+    shard list ─ expand_shards ─ shuffle_shards(seed, epoch) ─ split_shards(rank, world size, worker, workers)
+      ─ read_tuples (one read or GET per shard, members grouped by key) ─ shuffle_buffer ─ decode ─ batched
+
+All ranks and workers shuffle the shard list with the same seed before splitting it, so the parts never
+overlap and every sample arrives exactly once per epoch across all ranks and workers. ``set_epoch`` picks
+a new shard order; the shuffle buffer then mixes samples from the shards a worker has open.
+
+    dataset = ShardDataset("data/shards/train-{000000..000009}.tar", buffer_size=1000, rank=0, world_size=1)
+    loader = DataLoader(dataset, batch_size=64, num_workers=2)
+"""
+
+import operator
+import os
+import random
+import re
+import urllib.parse
+import warnings
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+
+from .datasets import DECODERS, HttpClient, decode_image, is_url
+from .packing import split_member
+from .tario import TarFormatError, iter_buffer, scan_buffer, scan_plain
+
+BRACES = re.compile(r"\{([^{}]*)\}")
+RANGE = re.compile(r"(\d+)\.\.(\d+)")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "npy")
+ERROR_MODES = ("raise", "skip")
+
+
+class ShardError(ValueError):
+    """A shard holds something a sample stream cannot use: a duplicate key, a sample without a member it needs."""
+
+
+# --- which shards, in which order, for whom -------------------------------------------------------
+
+
+def expand_braces(pattern):
+    """Every name a brace pattern stands for, in order: ``"a-{00..02}.tar"`` gives three names (zero padding kept),
+    ``"{train,val}.tar"`` two; several groups multiply."""
+    match = BRACES.search(pattern)
+    if match is None:
+        return [pattern]
+    head, tail, body = pattern[:match.start()], pattern[match.end():], match.group(1)
+    numbers = RANGE.fullmatch(body)
+    if numbers:
+        first, last = numbers.groups()
+        width = len(first) if first.startswith("0") else 0
+        step = 1 if int(last) >= int(first) else -1
+        choices = [f"{n:0{width}d}" for n in range(int(first), int(last) + step, step)]
+    else:
+        choices = body.split(",")
+    return [name for choice in choices for name in expand_braces(head + choice + tail)]
+
+
+def expand_shards(shards):
+    """The shard list as strings: a brace pattern, a path or URL, or a list of those (each expanded)."""
+    if isinstance(shards, (str, Path)):
+        shards = [shards]
+    expanded = [name for shard in shards for name in expand_braces(str(shard))]
+    if not expanded:
+        raise ValueError("the shard list is empty: give a brace pattern, a list of paths, or http:// URLs")
+    return expanded
+
+
+def shuffle_shards(shards, seed, epoch):
+    """The shards in this epoch's order: the same for every rank and worker that shares ``seed``."""
+    order = list(shards)
+    random.Random(f"shards:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def split_shards(shards, rank, world_size, worker, num_workers):
+    """This worker's shards: every ``world_size``-th for the rank, then every ``num_workers``-th of those.
+    Over all ranks and workers the parts are disjoint and cover the list."""
+    return list(shards)[rank::world_size][worker::num_workers]
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+_clients = {}  # one keep-alive client per server, per process (HttpClient reconnects after a fork)
+
+
+def read_shard(shard):
+    """All bytes of one shard: one read of a local file, or one GET of an ``http://`` URL."""
+    if not is_url(shard):
+        return Path(shard).read_bytes()
+    parts = urllib.parse.urlsplit(shard)
+    base = f"{parts.scheme}://{parts.netloc}/"
+    client = _clients.get(base) or _clients.setdefault(base, HttpClient(base))
+    return client.get(urllib.parse.unquote(parts.path.lstrip("/")))
+
+
+def is_meta(name):
+    """Members named ``__*__`` (like ``pack_tar``'s ``__manifest__``) describe the shard; they are no sample."""
+    return "/" not in name and name.startswith("__") and name.endswith("__")
+
+
+def group_samples(members, shard, report):
+    """Group consecutive ``(member name, bytes)`` of one shard into sample dicts ``{"__key__", "__url__", ext: bytes}``.
+
+    A key that comes back after another key, or a member name seen twice, is a ``ShardError`` passed to
+    ``report``: it raises, or (when skipping) that sample is left out.
+    """
+    seen, sample, keep = set(), None, False
+    for name, data in members:
+        if "/" in name:
+            key, extension = split_member(name)
+        else:
+            key, _, extension = name.partition(".")  # the same split, without the call, for the common case
+        if sample is None or key != sample["__key__"]:
+            if keep:
+                yield sample
+            sample, keep = {"__key__": key, "__url__": shard}, key not in seen
+            if not keep:
+                report(ShardError(f"{shard}: duplicate key {key!r}: its members are not next to each other, "
+                                  "or two samples share it"))
+            seen.add(key)
+        elif extension in sample and keep:
+            report(ShardError(f"{shard}: duplicate member {name!r}"))
+            keep = False
+        sample[extension] = data
+    if keep:
+        yield sample
+
+
+def plain_tuples(data, shard, keys):
+    """The ``keys`` tuples of one shard's samples straight from the vectorised scan (``tario.scan_plain``), or None
+    when the shard needs the general path: another tar layout, folders or ``__meta__`` members, keys of different
+    lengths, samples whose members differ, a duplicate key or a missing member (the general path reports those)."""
+    scanned = scan_plain(data, shard)
+    if scanned is None:
+        return None
+    names, starts, sizes = scanned
+    matrix = names.view(np.uint8).reshape(len(names), -1)  # one row of name bytes per member, NUL-padded
+    dots = (matrix == ord(".")).argmax(axis=1)
+    dot = int(dots[0])
+    if dot == 0 or (dots != dot).any() or (matrix == ord("/")).any() or (matrix[:, :2] == ord("_")).all(axis=1).any():
+        return None
+    member_keys = np.ascontiguousarray(matrix[:, :dot]).view(f"S{dot}").ravel()
+    firsts = np.flatnonzero(np.concatenate([[True], member_keys[1:] != member_keys[:-1]]))
+    width = len(member_keys) // len(firsts)  # members per sample, when every sample has the same ones
+    extensions = matrix[:, dot + 1:]
+    if width * len(firsts) != len(member_keys) or (firsts != np.arange(0, len(member_keys), width)).any():
+        return None
+    if (extensions.reshape(len(firsts), width, -1) != extensions[:width]).any():
+        return None
+    layout = [bytes(row).rstrip(b"\x00").decode("utf-8", "surrogateescape") for row in extensions[:width]]
+    sample_keys = [key.decode("utf-8", "surrogateescape") for key in member_keys[firsts].tolist()]
+    if len(set(layout)) != width or len(set(sample_keys)) != len(sample_keys):
+        return None
+    if not set(keys) <= {"__key__", "__url__", *layout}:
+        return None
+    columns = []
+    for key in keys:
+        if key in ("__key__", "__url__"):
+            columns.append(sample_keys if key == "__key__" else [shard] * len(sample_keys))
+            continue
+        position = layout.index(key)
+        begin = starts[position::width]
+        columns.append([data[a:b] for a, b in zip(begin.tolist(), (begin + sizes[position::width]).tolist())])
+    return list(zip(*columns))
+
+
+def read_tuples(shards, keys, report):
+    """The ``keys`` tuples of each shard's samples in turn, the fast way when the shard allows it. A shard that
+    cannot be read (missing, truncated, not a tar, HTTP error) goes to ``report`` as one problem with the shard."""
+    for shard in shards:
+        try:
+            data = read_shard(shard)
+            plain = plain_tuples(data, shard, keys)
+            members = None if plain is not None else [item for item in iter_buffer(data, shard) if not is_meta(item[0])]
+        except (OSError, TarFormatError) as error:
+            report(error, shard=shard)
+            continue
+        del data  # the samples are copies: free the shard before reading the next, so its memory is reused
+        if plain is not None:
+            yield from plain
+        else:
+            yield from to_tuple(group_samples(members, shard, report), keys, report)
+
+
+def to_tuple(samples, keys, report):
+    """``(sample[k] for k in keys)`` per sample; a sample without one of them goes to ``report``."""
+    for sample in samples:
+        try:
+            yield tuple(sample[key] for key in keys)
+        except KeyError as missing:
+            have = ", ".join(key for key in sample if not key.startswith("__"))
+            report(ShardError(f"{sample['__url__']}: sample {sample['__key__']!r} has no '.{missing.args[0]}' member "
+                              f"(it has: {have}); a sample missing its label?"))
+
+
+def shuffle_buffer(samples, size, rng):
+    """Shuffle a stream with a buffer of ``size``: fill it first, then yield a random element for each new one,
+    finally drain it in random order. ``size`` ≤ 1 leaves the order alone."""
+    if size <= 1:
+        yield from samples
+        return
+    buffer = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        index = rng.randrange(size)
+        yield buffer[index]
+        buffer[index] = sample
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def decode_field(value, key, decoder="pil"):
+    """A member's bytes as the training loop wants it: images as ``uint8`` CHW tensors, ``cls`` as an int."""
+    if key in IMAGE_EXTENSIONS:
+        return decode_image(value, decoder)
+    if key == "cls":
+        return int(value)
+    return value
+
+
+def decode(items, keys, transform, decoder, report):
+    """Decode each tuple field by its key; ``transform`` applies to the first (the image)."""
+    for item in items:
+        try:
+            fields = [decode_field(value, key, decoder) for value, key in zip(item, keys)]
+        except (OSError, ValueError, RuntimeError) as error:
+            report(ShardError(f"cannot decode a sample: {error}"))
+            continue
+        if transform is not None:
+            fields[0] = transform(fields[0])
+        yield tuple(fields)
+
+
+def batched(items, batch_size, collate=default_collate):
+    """Collate every ``batch_size`` items into a batch; the last may be smaller."""
+    items = iter(items)
+    while batch := list(islice(items, batch_size)):
+        yield collate(batch)
+
+
+# --- counting, skipping, equalising ----------------------------------------------------------------
+
+
+def count_samples(shard):
+    """The number of samples (distinct keys) in one shard, from its headers."""
+    data = read_shard(shard)
+    return len({split_member(name)[0] for name, _, _ in scan_buffer(data, shard) if not is_meta(name)})
+
+
+def equal_quotas(counts, target):
+    """Trim per-worker sample counts to sum to ``target`` (≤ their sum), always taking from the largest: the same
+    answer in every process that computes it."""
+    quotas = list(counts)
+    for _ in range(sum(quotas) - target):
+        largest = max(range(len(quotas)), key=lambda w: (quotas[w], -w))
+        quotas[largest] -= 1
+    return quotas
+
+
+class Skips:
+    """What one worker skipped in one epoch, when skipping was asked for."""
+
+    def __init__(self, where):
+        self.where, self.shards, self.samples, self.reasons = where, 0, 0, []
+
+    def __call__(self, error, shard=None):
+        if shard is not None:
+            self.shards += 1
+        else:
+            self.samples += 1
+        self.reasons.append(str(error))
+
+    def __bool__(self):
+        return bool(self.shards or self.samples)
+
+    def summary(self):
+        more = len(self.reasons) - 3
+        examples = "; ".join(self.reasons[:3]) + (f"; and {more} more" if more > 0 else "")
+        return f"{self.where} skipped {self.shards} shard(s) and {self.samples} sample(s) this epoch: {examples}"
+
+
+def raise_now(error, shard=None):
+    raise error
+
+
+def distributed_rank():
+    """``(rank, world size)`` of this process: from ``torch.distributed`` when initialised, else from the ``RANK``
+    and ``WORLD_SIZE`` variables ``torchrun`` sets, else ``(0, 1)``."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+# --- the dataset -----------------------------------------------------------------------------------
+
+
+class ShardDataset(IterableDataset):
+    """Stream ``(image, label)`` (or the ``keys`` you name) from tar shards, each sample exactly once per epoch
+    across all ranks and DataLoader workers.
+
+    - ``shards``: a brace pattern, paths or ``http://`` URLs (a list, or one string).
+    - ``rank``/``world_size``: this process's place among the training processes (default: ``distributed_rank``).
+    - ``seed`` and ``set_epoch(epoch)``: the shard order, reshuffled every epoch (``shuffle=False`` keeps it).
+    - ``buffer_size``: the sample shuffle buffer per worker (0: none).
+    - ``decode``/``transform``/``decoder``: decode images to tensors and labels to ints; ``decode=False`` yields bytes.
+    - ``batch_size``: collate batches inside the workers (then use ``DataLoader(batch_size=None)``).
+    - ``errors="skip"``: leave out unreadable shards and bad samples, and warn with their count at the end of
+      each worker's epoch (also kept in ``last_skips`` when iterating in this process); default ``"raise"``.
+    - ``equalize=True``: every rank yields the same number of samples per epoch (the smallest rank's), so
+      distributed training cannot hang on a rank that runs out first; the surplus is left out, differently
+      each epoch.
+    - ``sizes``: samples per shard (same order as the expanded list) when known; counted from the shards otherwise.
+    - ``splitter``/``buffer``: replace the ``split_shards`` and ``shuffle_buffer`` stages (used by the exercises).
+    """
+
+    def __init__(self, shards, *, rank=None, world_size=None, seed=0, shuffle=True, buffer_size=0, keys=("jpg", "cls"),
+                 decode=True, transform=None, decoder="pil", batch_size=None, errors="raise", equalize=False,
+                 sizes=None, splitter=split_shards, buffer=shuffle_buffer):
+        self.shards = expand_shards(shards)
+        default_rank, default_world_size = distributed_rank()
+        self.rank = default_rank if rank is None else operator.index(rank)
+        self.world_size = default_world_size if world_size is None else operator.index(world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in 0..world_size-1, got rank {self.rank} of {self.world_size}")
+        if decoder not in DECODERS:
+            raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
+        if errors not in ERROR_MODES:
+            raise ValueError(f"errors must be one of {ERROR_MODES}, got {errors!r}")
+        if sizes is not None and len(sizes) != len(self.shards):
+            raise ValueError(f"sizes has {len(sizes)} entries for {len(self.shards)} shards")
+        self.seed, self.shuffle, self.buffer_size, self.keys = seed, shuffle, buffer_size, tuple(keys)
+        self.decode, self.transform, self.decoder, self.batch_size = decode, transform, decoder, batch_size
+        self.errors, self.equalize, self.splitter, self.buffer = errors, equalize, splitter, buffer
+        self._sizes = None if sizes is None else dict(zip(self.shards, sizes))
+        if equalize:
+            self.sizes()  # counted once here, not again in every worker
+        self.epoch = 0
+        self.last_skips = None
+
+    def set_epoch(self, epoch):
+        """Use epoch ``epoch``'s shard order (and buffer seed) from the next iteration on. Call it before each epoch,
+        in the main process: DataLoader workers started afterwards (``persistent_workers=False``) see it."""
+        self.epoch = epoch
+
+    def epoch_order(self):
+        """The whole shard list in this epoch's order, as every rank and worker sees it."""
+        return shuffle_shards(self.shards, self.seed, self.epoch) if self.shuffle else list(self.shards)
+
+    def shards_for(self, worker=0, num_workers=1):
+        """The shards worker ``worker`` of ``num_workers`` on this rank reads this epoch."""
+        return self.splitter(self.epoch_order(), self.rank, self.world_size, worker, num_workers)
+
+    def sizes(self):
+        """``{shard: number of samples}``, counted (one read per shard) the first time it is needed."""
+        if self._sizes is None:
+            self._sizes = {shard: count_samples(shard) for shard in self.shards}
+        return self._sizes
+
+    def quota(self, worker, num_workers):
+        """How many samples this worker yields this epoch when ``equalize`` (else None)."""
+        if not self.equalize:
+            return None
+        sizes, order = self.sizes(), self.epoch_order()
+        per_rank = [sum(sizes[s] for s in self.splitter(order, rank, self.world_size, 0, 1))
+                    for rank in range(self.world_size)]
+        mine = [sum(sizes[s] for s in self.splitter(order, self.rank, self.world_size, w, num_workers))
+                for w in range(num_workers)]
+        return equal_quotas(mine, min(per_rank))[worker]
+
+    def __len__(self):
+        """Samples this rank yields this epoch (not batches)."""
+        if self.equalize:
+            return self.quota(0, 1)
+        sizes = self.sizes()
+        return sum(sizes[shard] for shard in self.shards_for())
+
+    def __iter__(self):
+        info = get_worker_info()
+        return self.iterate(*(0, 1) if info is None else (info.id, info.num_workers))
+
+    def iterate(self, worker=0, num_workers=1):
+        """The pipeline of one worker: what ``__iter__`` runs in DataLoader worker ``worker`` of ``num_workers``."""
+        where = f"rank {self.rank} worker {worker}"
+        report = Skips(where) if self.errors == "skip" else raise_now
+        samples = read_tuples(self.shards_for(worker, num_workers), self.keys, report)
+        quota = self.quota(worker, num_workers)
+        if quota is not None:
+            samples = islice(samples, quota)
+        if self.buffer_size > 1:
+            samples = self.buffer(samples, self.buffer_size, random.Random(f"buffer:{self.seed}:{self.epoch}:{where}"))
+        if self.decode:
+            samples = decode(samples, self.keys, self.transform, self.decoder, report)
+        if self.batch_size:
+            samples = batched(samples, self.batch_size)
+        yield from samples
+        if report is not raise_now:
+            self.last_skips = report
+            if report:
+                warnings.warn(report.summary(), stacklevel=2)
+

@@ -1,0 +1,184 @@
+"""Writing shards (from the folder or a torchvision dataset, by count and size, in parallel, atomically), splitting and
+concatenating them, and the ``packdata shards`` verbs."""
+
+import tarfile
+
+import pytest
+import torchvision
+import webdataset
+
+from packdata import cli, data, shards
+from packdata.packing import TAR_MANIFEST, pack_tar
+from packdata.shards import ShardWriter, cat_shards, describe_shard, iter_shard_samples, split_tar, write_shards
+from packdata.streaming import ShardDataset
+from packdata.tario import TarFormatError
+
+
+def samples_of(paths):
+    return {s["__key__"]: shards.members_of(s) for s in iter_shard_samples([str(p) for p in paths])}
+
+
+@pytest.fixture(scope="module")
+def manifest(tiny_dataset):
+    return data.load_manifest(tiny_dataset)
+
+
+@pytest.fixture(scope="module")
+def written(tiny_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("written")
+    return out, write_shards(tiny_dataset, out, maxcount=8, progress=False)
+
+
+def test_every_sample_lands_in_exactly_one_shard_with_its_bytes_and_label(written, manifest, tiny_dataset):
+    out, infos = written
+    assert [i.samples for i in infos] == [8] * 7 + [4]
+    assert [i.path.name for i in infos] == [f"train-{n:06d}.tar" for n in range(8)]
+    assert [i.bytes for i in infos] == [i.path.stat().st_size for i in infos]
+    got = samples_of(i.path for i in infos)
+    assert set(got) == {s["key"] for s in manifest["samples"]}
+    for s in manifest["samples"]:
+        assert got[s["key"]] == {"jpg": (tiny_dataset / s["path"]).read_bytes(), "cls": str(s["label"]).encode()}
+
+
+def test_members_follow_pack_tar_conventions(written):
+    with tarfile.open(written[1][0].path) as tar:
+        members = tar.getmembers()
+    assert [m.name.split(".")[1] for m in members[:4]] == ["jpg", "cls", "jpg", "cls"]
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {(1_577_836_800, 0, 0, "", 0o644)}
+
+
+def test_samples_are_shuffled_before_sharding_unless_asked_not_to(tiny_dataset, written, tmp_path):
+    first = list(samples_of([written[1][0].path]))
+    assert first != sorted(first)
+    assert len({int(k) // 6 for k in first}) > 1  # the synthetic keys go class by class, 6 each
+    ordered = write_shards(tiny_dataset, tmp_path, maxcount=8, shuffle_seed=None, progress=False)
+    assert list(samples_of(i.path for i in ordered)) == sorted(first + list(samples_of(i.path for i in written[1][1:])))
+
+
+def test_the_same_input_gives_the_same_bytes_with_any_number_of_processes(tiny_dataset, written, tmp_path):
+    parallel = write_shards(tiny_dataset, tmp_path, maxcount=8, processes=2, progress=False)
+    assert [p.path.read_bytes() for p in parallel] == [w.path.read_bytes() for w in written[1]]
+
+
+def test_maxsize_bounds_every_shard(tiny_dataset, tmp_path):
+    infos = write_shards(tiny_dataset, tmp_path, maxcount=1000, maxsize=20_000, progress=False)
+    assert len(infos) > 3 and all(i.bytes <= 20_000 for i in infos)
+    assert sum(i.samples for i in infos) == 60
+
+
+def test_a_map_style_torchvision_dataset_can_be_sharded(tmp_path):
+    fake = torchvision.datasets.FakeData(size=12, image_size=(3, 16, 16), num_classes=3)
+    infos = write_shards(fake, tmp_path, maxcount=5, payload="raw", progress=False)
+    assert [i.samples for i in infos] == [5, 5, 2]
+    got = {key: (image.shape, label) for image, label, key in ShardDataset([str(i.path) for i in infos],
+                                                                            keys=("npy", "cls", "__key__"))}
+    assert got == {f"{n:06d}": ((3, 16, 16), fake[n][1]) for n in range(12)}
+
+
+def test_an_interrupted_run_leaves_only_complete_shards(tiny_dataset, tmp_path, monkeypatch):
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 20:
+            raise KeyboardInterrupt
+        return args[0]
+
+    monkeypatch.setattr(shards, "encode_payload", failing)
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(tiny_dataset, tmp_path, maxcount=8, progress=False)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["train-000000.tar", "train-000001.tar"]
+    assert [describe_shard(str(tmp_path / name))["samples"] for name in left] == [8, 8]
+
+
+def test_rewriting_with_fewer_shards_removes_the_stale_ones(tiny_dataset, tmp_path):
+    write_shards(tiny_dataset, tmp_path, maxcount=8, progress=False)
+    write_shards(tiny_dataset, tmp_path, maxcount=30, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train-000000.tar", "train-000001.tar"]
+
+
+def test_bad_limits_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="maxcount"):
+        ShardWriter(tmp_path, maxcount=0)
+
+
+def test_webdataset_sees_the_same_keys_and_labels(written, manifest):
+    urls = [str(i.path) for i in written[1]]
+    got = {key: int(label) for key, label in webdataset.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls")}
+    assert got == {s["key"]: s["label"] for s in manifest["samples"]}
+
+
+# --- split and cat ---------------------------------------------------------------------------------
+
+
+def test_split_keeps_samples_whole_and_leaves_the_manifest_out(tiny_dataset, tmp_path):
+    archive = pack_tar(tiny_dataset, tmp_path / "all.tar", progress=False)
+    infos = split_tar(archive, tmp_path / "split", maxcount=25)
+    assert [i.samples for i in infos] == [25, 25, 10]
+    got = samples_of(i.path for i in infos)
+    assert TAR_MANIFEST not in got and list(got) == sorted(got)
+    assert all(set(members) == {"jpg", "cls"} for members in got.values())
+
+
+def test_cat_then_split_gives_the_shards_back(written, tmp_path):
+    joined = cat_shards([str(i.path) for i in written[1]], tmp_path / "all.tar")
+    assert joined.samples == 60 and joined.bytes == joined.path.stat().st_size
+    again = split_tar(joined.path, tmp_path / "again", maxcount=8)
+    assert [a.path.read_bytes() for a in again] == [w.path.read_bytes() for w in written[1]]
+
+
+def test_cat_refuses_duplicate_keys_and_writes_nothing(written, tmp_path):
+    first = str(written[1][0].path)
+    with pytest.raises(ValueError, match="duplicate key .* in .*train-000000.tar and in .*train-000000.tar"):
+        cat_shards([first, first], tmp_path / "twice.tar")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_truncated_shard_is_named(written, tmp_path):
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(written[1][0].path.read_bytes()[:3000])
+    with pytest.raises(TarFormatError, match="cut.tar is truncated"):
+        describe_shard(str(cut))
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+
+def run(capsys, *argv):
+    code = cli.main(["shards", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_list_counts_samples_and_members(written, capsys):
+    code, out, _ = run(capsys, "list", str(written[0] / "train-{000000..000001}.tar"))
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2
+    assert "train-000000.tar\t8 samples\t16 members" in lines[0] and ".cls×8 .jpg×8" in lines[0]
+    code, out, _ = run(capsys, "list", "--members", str(written[1][-1].path))
+    assert len(out.splitlines()) == 1 + 8 and out.splitlines()[1].strip().endswith("bytes")
+
+
+def test_cli_show_prints_keys_members_and_labels(written, manifest, capsys):
+    code, out, _ = run(capsys, "show", "-n", "3", str(written[1][0].path))
+    keys = list(samples_of([written[1][0].path]))[:3]
+    labels = {s["key"]: s["label"] for s in manifest["samples"]}
+    assert [line.split()[0] for line in out.splitlines()] == keys
+    assert all(line.endswith(f"label {labels[key]}") for line, key in zip(out.splitlines(), keys))
+
+
+def test_cli_split_and_cat(tiny_dataset, written, tmp_path, capsys):
+    code, out, _ = run(capsys, "cat", *[str(i.path) for i in written[1]], "-o", str(tmp_path / "all.tar"))
+    assert code == 0 and out.split("\t")[1] == "60 samples"
+    code, out, _ = run(capsys, "split", str(tmp_path / "all.tar"), str(tmp_path / "parts"), "--maxcount", "8",
+                       "--prefix", "part")
+    assert code == 0 and len(out.splitlines()) == 8
+    assert samples_of(sorted((tmp_path / "parts").glob("part-*.tar"))) == samples_of(i.path for i in written[1])
+
+
+def test_cli_errors_are_one_line_naming_the_shard(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(capsys, "list", str(tmp_path / "nothere.tar"))
+    assert exit_info.value.code == 2
+    assert "nothere.tar" in capsys.readouterr().err

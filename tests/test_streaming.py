@@ -1,0 +1,384 @@
+"""The streaming dataset: shard lists, exactly-once splitting, two-level shuffling, the fast tar reader, webdataset
+interop both ways, and every bad input failing clearly (or being skipped and counted when asked)."""
+
+import io
+import random
+import tarfile
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+import webdataset
+from torch.utils.data import DataLoader
+
+from packdata import data, tario
+from packdata.datasets import decode_image
+from packdata.shards import write_shards
+from packdata.store import NetworkStore
+from packdata.streaming import (
+    ShardDataset,
+    ShardError,
+    equal_quotas,
+    expand_braces,
+    expand_shards,
+    shuffle_buffer,
+    shuffle_shards,
+    split_shards,
+)
+
+KEYS = ("__key__", "cls")  # undecoded keys and labels: what exactly-once tests need, fast
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tiny_dataset, tmp_path_factory):
+    """60 samples in 7 shards: six of 9 samples, one of 6 (uneven on purpose)."""
+    out = tmp_path_factory.mktemp("shards")
+    write_shards(tiny_dataset, out, maxcount=9, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def urls(shard_dir):
+    return sorted(str(path) for path in shard_dir.glob("train-*.tar"))
+
+
+@pytest.fixture(scope="module")
+def all_keys(tiny_dataset):
+    return sorted(sample["key"] for sample in data.load_manifest(tiny_dataset)["samples"])
+
+
+def keys_of(dataset, num_workers=1):
+    """Keys every worker of this rank yields, simulated in this process."""
+    return [item[0] for worker in range(num_workers) for item in dataset.iterate(worker, num_workers)]
+
+
+# --- shard lists -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    ("a.tar", ["a.tar"]),
+    ("train-{000..002}.tar", ["train-000.tar", "train-001.tar", "train-002.tar"]),
+    ("x{8..10}", ["x8", "x9", "x10"]),
+    ("{train,val}-{0..1}.tar", ["train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"]),
+    ("http://h:1/s-{09..11}.tar", ["http://h:1/s-09.tar", "http://h:1/s-10.tar", "http://h:1/s-11.tar"]),
+])
+def test_brace_patterns_expand_in_order_with_padding(pattern, expected):
+    assert expand_braces(pattern) == expected
+
+
+def test_a_pattern_expands_to_the_written_shards(shard_dir, urls):
+    assert expand_shards(str(shard_dir / "train-{000000..000006}.tar")) == urls
+
+
+@pytest.mark.parametrize("empty", [[], (), ""])
+def test_an_empty_shard_list_is_refused(empty):
+    with pytest.raises(ValueError, match="shard list is empty"):
+        ShardDataset(empty if empty != "" else [])
+
+
+# --- exactly once ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", range(1, 9))
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [1, 2, 3, 4])
+def test_split_shards_is_a_partition(shards, world_size, num_workers):
+    names = [f"s{i}" for i in range(shards)]
+    parts = [split_shards(names, r, world_size, w, num_workers) for r in range(world_size) for w in range(num_workers)]
+    assert sorted(name for part in parts for name in part) == names
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [1, 2, 3, 5])
+def test_every_sample_exactly_once_per_epoch_across_ranks_and_workers(urls, all_keys, world_size, num_workers):
+    for epoch in range(3):
+        seen = []
+        for rank in range(world_size):
+            dataset = ShardDataset(urls, rank=rank, world_size=world_size, seed=7, buffer_size=5, keys=KEYS,
+                                   decode=False)
+            dataset.set_epoch(epoch)
+            keys = keys_of(dataset, num_workers)
+            assert len(keys) == len(dataset)
+            seen += keys
+        assert sorted(seen) == all_keys, f"epoch {epoch}: {Counter(seen).most_common(2)}"
+
+
+def test_real_fork_workers_on_two_ranks_deliver_every_sample_once(urls, all_keys):
+    seen = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        for rank in range(2):
+            dataset = ShardDataset(urls, rank=rank, world_size=2, buffer_size=10, keys=KEYS, decode=False)
+            loader = DataLoader(dataset, batch_size=None, num_workers=3, multiprocessing_context="fork")
+            seen += [key for key, _ in loader]
+    assert sorted(seen) == all_keys
+
+
+def test_spawn_workers_decode_and_batch(urls, all_keys):
+    dataset = ShardDataset(urls, batch_size=8, keys=("jpg", "cls"))
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    batches = list(loader)
+    assert sum(len(labels) for _, labels in batches) == len(all_keys)
+    images, labels = batches[0]
+    assert images.dtype == torch.uint8 and images.shape[1:] == (3, 64, 64) and labels.dtype == torch.int64
+
+
+# --- shuffling -------------------------------------------------------------------------------------
+
+
+def order(urls, seed=0, epoch=0, **kwargs):
+    dataset = ShardDataset(urls, seed=seed, keys=KEYS, decode=False, **kwargs)
+    dataset.set_epoch(epoch)
+    return keys_of(dataset, 2)
+
+
+def test_the_order_is_a_function_of_seed_and_epoch(urls):
+    first = order(urls, seed=1, epoch=0, buffer_size=10)
+    assert order(urls, seed=1, epoch=0, buffer_size=10) == first
+    assert order(urls, seed=1, epoch=1, buffer_size=10) != first
+    assert order(urls, seed=2, epoch=0, buffer_size=10) != first
+    assert sorted(order(urls, seed=1, epoch=1, buffer_size=10)) == sorted(first)
+
+
+def test_shard_order_changes_per_epoch_and_is_shared_by_all_ranks(urls):
+    assert shuffle_shards(urls, 0, 0) == shuffle_shards(urls, 0, 0) != shuffle_shards(urls, 0, 1)
+    assert sorted(shuffle_shards(urls, 0, 3)) == urls
+    assert order(urls, shuffle=False) == order(urls, shuffle=False, epoch=5)
+
+
+def test_the_shuffle_buffer_fills_before_it_yields():
+    consumed = []
+
+    def source():
+        for item in range(100):
+            consumed.append(item)
+            yield item
+
+    stream = shuffle_buffer(source(), 10, random.Random(0))
+    next(stream)
+    assert len(consumed) >= 10
+    rest = list(stream)
+    assert sorted(rest + [x for x in consumed if x not in rest]) == list(range(100))
+    assert len(rest) == 99
+
+
+@pytest.mark.parametrize("size, count", [(0, 5), (1, 5), (10, 3), (10, 10), (4, 50)])
+def test_the_shuffle_buffer_is_a_permutation(size, count):
+    out = list(shuffle_buffer(iter(range(count)), size, random.Random(size)))
+    assert sorted(out) == list(range(count))
+    if size <= 1:
+        assert out == list(range(count))
+
+
+# --- decoding, batching, equalising ------------------------------------------------------------------
+
+
+def test_samples_decode_to_the_source_pixels_and_labels(urls, tiny_dataset):
+    manifest = {s["key"]: s for s in data.load_manifest(tiny_dataset)["samples"]}
+    dataset = ShardDataset(urls, keys=("jpg", "cls", "__key__"), transform=lambda image: image.flip(-1))
+    for image, label, key in dataset:
+        source = decode_image((tiny_dataset / manifest[key]["path"]).read_bytes())
+        assert label == manifest[key]["label"] and torch.equal(image, source.flip(-1))
+
+
+def test_equal_quotas_trim_the_largest_first():
+    assert equal_quotas([5, 3, 4], 9) == [3, 3, 3]
+    assert equal_quotas([5, 3, 4], 12) == [5, 3, 4]
+    assert sum(equal_quotas([9, 0, 7], 10)) == 10
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_equalize_gives_every_rank_the_same_count_without_duplicates(urls, num_workers):
+    for epoch in range(3):
+        per_rank = []
+        for rank in range(2):
+            dataset = ShardDataset(urls, rank=rank, world_size=2, equalize=True, keys=KEYS, decode=False)
+            dataset.set_epoch(epoch)
+            per_rank.append(keys_of(dataset, num_workers))
+            assert len(per_rank[-1]) == len(dataset)
+        unequal = [ShardDataset(urls, rank=r, world_size=2) for r in range(2)]
+        for d in unequal:
+            d.set_epoch(epoch)
+        assert len(per_rank[0]) == len(per_rank[1]) == min(map(len, unequal))
+        assert not set(per_rank[0]) & set(per_rank[1])
+
+
+# --- over HTTP -------------------------------------------------------------------------------------
+
+
+def test_urls_from_the_store_cost_one_get_per_shard(shard_dir, urls, all_keys):
+    with NetworkStore(shard_dir, latency=0) as store:
+        remote = [store.url_for(f"train-{i:06d}.tar") for i in range(len(urls))]
+        keys = [key for key, _ in ShardDataset(remote, keys=KEYS, decode=False)]
+        assert sorted(keys) == all_keys and store.requests == len(urls)
+
+
+def test_a_url_that_404s_names_the_url(shard_dir, urls):
+    with NetworkStore(shard_dir, latency=0) as store:
+        missing = store.url_for("train-999999.tar")
+        with pytest.raises(FileNotFoundError, match="train-999999.tar.*404"):
+            list(ShardDataset([store.url_for("train-000000.tar"), missing], shuffle=False, decode=False))
+
+
+# --- webdataset, both ways -------------------------------------------------------------------------
+
+
+def test_webdataset_reads_our_shards(urls, all_keys, tiny_dataset):
+    labels = {s["key"]: s["label"] for s in data.load_manifest(tiny_dataset)["samples"]}
+    samples = list(webdataset.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls"))
+    assert sorted(key for key, _ in samples) == all_keys
+    assert all(int(label) == labels[key] for key, label in samples)
+
+
+def test_we_read_shards_written_by_webdataset(tiny_dataset, tmp_path, all_keys):
+    manifest = data.load_manifest(tiny_dataset)
+    with webdataset.ShardWriter(str(tmp_path / "wds-%02d.tar"), maxcount=25, verbose=0) as writer:
+        for s in manifest["samples"]:
+            writer.write({"__key__": s["key"], "jpg": (tiny_dataset / s["path"]).read_bytes(), "cls": s["label"]})
+    shards = sorted(str(p) for p in tmp_path.glob("wds-*.tar"))
+    with tarfile.open(shards[0]) as tar:
+        assert tar.pax_headers or any(m.pax_headers for m in tar.getmembers())  # the case worth testing
+    got = {key: label for image, label, key in ShardDataset(shards, keys=("jpg", "cls", "__key__"))}
+    assert got == {s["key"]: s["label"] for s in manifest["samples"]}
+
+
+# --- the fast reader -------------------------------------------------------------------------------
+
+
+def make_tar(tar_format, names):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tar_format) as tar:
+        for index, name in enumerate(names):
+            payload = f"{name}:{index}".encode() * (index * 97 % 13 + 1)
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(payload), 1_700_000_000.5
+            tar.addfile(info, io.BytesIO(payload))
+        folder = tarfile.TarInfo("a-folder")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+    return buffer.getvalue()
+
+
+LONG = "deep/" * 30 + "000001.jpg"
+PREFIXED = "folder/" + "x" * 95 + ".jpg"
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_scan_buffer_agrees_with_tarfile(tar_format):
+    names = ["000000.jpg", "000000.cls", "ünï.cls", PREFIXED] + ([LONG] if tar_format != tarfile.USTAR_FORMAT else [])
+    archive = make_tar(tar_format, names)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        expected = [(m.name, archive[m.offset_data:m.offset_data + m.size]) for m in tar.getmembers() if m.isfile()]
+    assert list(tario.iter_buffer(archive, "t.tar")) == expected
+
+
+def test_a_bad_checksum_is_caught_in_the_fast_path():
+    archive = bytearray(make_tar(tarfile.USTAR_FORMAT, ["a.jpg", "b.jpg", "c.jpg"]))
+    archive[1024 + 5] ^= 1  # a byte of the second header's name
+    with pytest.raises(tario.TarFormatError, match="t.tar: bad header checksum at offset 1024"):
+        tario.scan_buffer(bytes(archive), "t.tar")
+
+
+def test_a_header_lookalike_inside_a_member_takes_the_general_path():
+    lookalike = bytes(257) + b"ustar\x00" + bytes(300)  # the magic where a header would have it
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, payload in (("a.bin", lookalike), ("b.bin", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    archive = buffer.getvalue()
+    assert tario.scan_plain(archive, "t.tar") is None
+    assert list(tario.iter_buffer(archive, "t.tar")) == [("a.bin", lookalike), ("b.bin", b"x")]
+
+
+def test_checksum_fields_in_other_spellings_are_read():
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in ("a.jpg", "a.cls", "b.jpg", "b.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = len(name)
+            tar.addfile(info, io.BytesIO(name.encode()))
+    archive = bytearray(buffer.getvalue())
+    expected = list(tario.iter_buffer(bytes(archive), "t.tar"))
+    for offset in (0, 1024, 2048, 3072):  # every member here fits in one block
+        header = archive[offset:offset + 512]
+        checksum = sum(header[:148]) + 8 * ord(" ") + sum(header[156:])
+        archive[offset + 148:offset + 156] = f"{checksum:07o}\x00".encode()  # 7 digits and a NUL, as some tars have
+    assert tario.scan_plain(bytes(archive), "t.tar") is not None
+    assert list(tario.iter_buffer(bytes(archive), "t.tar")) == expected
+
+
+@pytest.mark.parametrize("cut", [100, 700, 1030, "before the end block"])
+def test_a_truncated_buffer_is_caught_in_the_fast_path(cut):
+    archive = make_tar(tarfile.USTAR_FORMAT, ["a.jpg", "b.jpg", "c.jpg"])
+    if cut == "before the end block":
+        cut = -(-len(archive.rstrip(b"\x00")) // 512) * 512
+    with pytest.raises(tario.TarFormatError, match="t.tar is truncated"):
+        tario.scan_buffer(archive[:cut], "t.tar")
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+def rewrite(path, members):
+    """A shard at ``path`` holding ``members`` ([(name, bytes)]), in that order."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return str(path)
+
+
+@pytest.fixture
+def jpeg(tiny_dataset):
+    return (tiny_dataset / data.load_manifest(tiny_dataset)["samples"][0]["path"]).read_bytes()
+
+
+@pytest.fixture
+def bad_shards(tmp_path, urls, jpeg):
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(open(urls[0], "rb").read()[:5000])
+    return {
+        "truncated": (str(truncated), tario.TarFormatError, r"truncated\.tar is truncated"),
+        "missing label": (rewrite(tmp_path / "nolabel.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg)]),
+                          ShardError, r"nolabel\.tar: sample 'b' has no '\.cls' member"),
+        "duplicate key": (rewrite(tmp_path / "dup.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg),
+                                                          ("b.cls", b"2"), ("a.jpg", jpeg), ("a.cls", b"1")]),
+                          ShardError, r"dup\.tar: duplicate key 'a'"),
+        "duplicate member": (rewrite(tmp_path / "dupm.tar", [("a.jpg", jpeg), ("a.jpg", jpeg), ("a.cls", b"1")]),
+                             ShardError, r"dupm\.tar: duplicate member 'a\.jpg'"),
+        "missing file": (str(tmp_path / "nothere.tar"), FileNotFoundError, "nothere.tar"),
+    }
+
+
+@pytest.mark.parametrize("case", ["truncated", "missing label", "duplicate key", "duplicate member", "missing file"])
+def test_bad_input_raises_an_error_naming_the_shard(bad_shards, case):
+    shard, error, message = bad_shards[case]
+    with pytest.raises(error, match=message):
+        list(ShardDataset([shard], decode=False))
+
+
+@pytest.mark.parametrize("case, shards, samples", [
+    ("truncated", 1, 0), ("missing label", 0, 1), ("duplicate key", 0, 1), ("duplicate member", 0, 1),
+    ("missing file", 1, 0),
+])
+def test_skipping_counts_what_was_left_out_and_reports_it(bad_shards, urls, all_keys, case, shards, samples):
+    shard = bad_shards[case][0]
+    dataset = ShardDataset([*urls, shard], keys=("__key__", "cls"), decode=False, errors="skip")
+    with pytest.warns(UserWarning, match=f"skipped {shards} shard.* and {samples} sample"):
+        keys = [key for key, _ in dataset]
+    assert sorted(set(keys) - {"a", "b"}) == all_keys
+    assert (dataset.last_skips.shards, dataset.last_skips.samples) == (shards, samples)
+
+
+def test_bad_arguments_are_refused(urls):
+    with pytest.raises(ValueError, match="rank"):
+        ShardDataset(urls, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="errors"):
+        ShardDataset(urls, errors="ignore")
+    with pytest.raises(ValueError, match="sizes"):
+        ShardDataset(urls, sizes=[1])
