@@ -1,0 +1,77 @@
+"""The S3 path: moto's server on loopback, boto3 and s3fs pointed at it by one setting, shards read back."""
+
+import os
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from packdata import data, s3, shards, tario
+
+
+@pytest.fixture(scope="module")
+def server():
+    with s3.S3Server() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def shard_paths(tiny_dataset, tmp_path_factory):
+    written = shards.write_shards(tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=25, progress=False)
+    return [info.path for info in written]
+
+
+def test_serves_on_loopback_and_sets_the_endpoint_only_while_running(monkeypatch):
+    monkeypatch.delenv(s3.ENDPOINT_VARIABLE, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "mine")
+    with s3.S3Server() as running:
+        assert urllib.parse.urlsplit(running.endpoint_url).hostname == "127.0.0.1"
+        assert os.environ[s3.ENDPOINT_VARIABLE] == running.endpoint_url
+        assert os.environ["AWS_ACCESS_KEY_ID"] == "testing"
+    assert s3.ENDPOINT_VARIABLE not in os.environ
+    assert os.environ["AWS_ACCESS_KEY_ID"] == "mine"
+
+
+def test_boto3_and_s3fs_read_back_every_shard_and_sample(server, shard_paths, tiny_dataset):
+    s3.client().create_bucket(Bucket="roundtrip")
+    urls = s3.upload_files(shard_paths, "roundtrip", prefix="train/")
+    assert urls == [f"s3://roundtrip/train/{path.name}" for path in shard_paths]
+    fs = s3.filesystem()
+    assert sorted(fs.ls("roundtrip/train")) == [f"roundtrip/train/{path.name}" for path in shard_paths]
+    keys = []
+    for url, path in zip(urls, shard_paths):
+        body = fs.cat(url)
+        assert body == path.read_bytes()
+        keys += [name.split(".")[0] for name, _ in tario.iter_buffer(body) if name.endswith(".jpg")]
+    assert sorted(keys) == sorted(s["key"] for s in data.load_manifest(tiny_dataset)["samples"])
+
+
+def test_an_explicit_endpoint_is_the_same_single_setting(server, monkeypatch):
+    monkeypatch.delenv(s3.ENDPOINT_VARIABLE)
+    s3.client(server.endpoint_url).create_bucket(Bucket="explicit")
+    assert "explicit" in [b["Name"] for b in s3.client(server.endpoint_url).list_buckets()["Buckets"]]
+
+
+def test_anonymous_http_reads_need_public_objects(server, shard_paths):
+    s3.client().create_bucket(Bucket="anon")
+    public = s3.upload_files(shard_paths[:1], "anon", prefix="public/", public=True)[0]
+    private = s3.upload_files(shard_paths[:1], "anon", prefix="private/")[0]
+    assert urllib.request.urlopen(s3.http_url(public)).read() == shard_paths[0].read_bytes()
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(s3.http_url(private))
+    assert error.value.code == 403
+
+
+def test_the_pipe_command_streams_an_object(server, shard_paths):
+    s3.client().create_bucket(Bucket="piped")
+    url = s3.upload_files(shard_paths[:1], "piped")[0]
+    command = s3.pipe_url(url).removeprefix("pipe:").split()
+    assert subprocess.run(command, capture_output=True, check=True).stdout == shard_paths[0].read_bytes()
+
+
+@pytest.mark.parametrize("url", ["bucket/key", "s3://bucket", "http://x/y"])
+def test_malformed_s3_urls_are_refused(url):
+    with pytest.raises(ValueError, match="s3://bucket/key"):
+        s3.split_url(url)

@@ -1,0 +1,64 @@
+"""The training helpers, and scripts/train.py under torchrun: ranks split the shards and run the same steps."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from packdata import shards
+from packdata.streaming import ShardDataset
+from packdata.train import SmallCNN, common_steps, evaluate, train_epoch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
+
+
+@pytest.fixture(scope="module")
+def shard_paths(tiny_dataset, tmp_path_factory):
+    written = shards.write_shards(tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=11, progress=False)
+    return [str(info.path) for info in written]  # 60 samples: five shards of 11 and one of 5
+
+
+def test_the_model_takes_uint8_batches_and_scores_every_class():
+    scores = SmallCNN(num_classes=10)(torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8))
+    assert scores.shape == (4, 10)
+
+
+def test_training_fits_a_small_set_of_shards(shard_paths):
+    torch.manual_seed(0)
+    model = SmallCNN()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loader = DataLoader(ShardDataset(shard_paths, shuffle=False), batch_size=20)
+    losses = [train_epoch(model, loader, optimizer, torch.device("cpu"))[0] for _ in range(12)]
+    assert losses[-1] < losses[0] / 2
+    assert evaluate(model, loader, torch.device("cpu")) > 0.3  # the training set itself: chance is 0.1
+
+
+def test_steps_and_samples_are_counted_and_capped(shard_paths):
+    model = SmallCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(ShardDataset(shard_paths), batch_size=8)
+    assert train_epoch(model, loader, optimizer, torch.device("cpu"), steps=3)[1] == 24
+    assert common_steps(60, 8) == 7  # outside a distributed job: this process's whole batches
+
+
+def test_torchrun_splits_shards_per_rank_with_equal_steps(shard_paths, tmp_path):
+    train, test = shard_paths[:5], shard_paths[5]  # five training shards: three for one rank, two for the other
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
+               *train, "--test", test, "--epochs", "2", "--batch-size", "8", "--workers", "2", "--buffer", "10",
+               "--report", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "rank 0: test accuracy" in run.stdout
+    reports = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert reports[0]["steps"] == reports[1]["steps"] == [2, 2]  # 22 samples on the smaller rank: 2 whole batches
+    keys_by_shard = {key: shard for shard in train for key in (s["__key__"] for s in shards.iter_shard_samples([shard]))}
+    for epoch in range(2):
+        seen = [reports[rank]["keys"][epoch] for rank in (0, 1)]
+        assert len(seen[0]) == len(seen[1]) == 2 * 8
+        assert not set(seen[0]) & set(seen[1])  # no sample trained on by both ranks
+        shards_of = [{keys_by_shard[key] for key in keys} for keys in seen]
+        assert not shards_of[0] & shards_of[1]  # each shard read by one rank only
