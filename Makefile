@@ -17,7 +17,7 @@ QUIET_PIP := grep -v "^WARNING: Location 'file:" || true
 LESSON_DIRS := notebooks solutions exercises
 SOURCES = $(wildcard $(addsuffix /[0-9][0-9]_*.md,$(LESSON_DIRS)))
 
-.PHONY: help setup lab test data notebooks exercises exercises-check slides schedule clean clean-data
+.PHONY: help setup lab test data notebooks exercises exercises-check slides schedule bench bench-quick clean clean-data
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
@@ -61,6 +61,12 @@ lab: setup data notebooks  ## set everything up and open JupyterLab on the cours
 test: export PACKDATA_SIZE := small
 test: setup data notebooks exercises-check  ## set everything up and run every test (unit tests and notebooks)
 	@$(BIN)/python -m pytest -p no:cacheprovider tests $(LESSON_DIRS) --nbval-lax
+
+bench: setup data  ## every loader on the same data, side by side: build/bench/report.md (about 5 minutes)
+	@$(BIN)/python benchmarks/report.py
+
+bench-quick: setup  ## the same on the 500-image dataset, to check that every loader runs (targets not judged)
+	@$(BIN)/python benchmarks/report.py --small
 
 clean:  ## remove generated notebooks, slides and caches (keeps .venv and data/)
 	rm -rf build .pytest_cache

@@ -1,0 +1,252 @@
+"""make bench: every loader of the course on the same data, side by side, in one run.
+
+    python benchmarks/report.py            # workshop dataset (10,000 images), about 5 minutes on 2 cores
+    python benchmarks/report.py --small    # the 500-image dataset and fewer repeats: a quick check
+
+Measures, each several times (median and min–max spread):
+
+- the limits: reading the shard files whole (the bytes limit) and JPEG decoding alone, per core;
+- reading raw bytes without decoding: folder, ZIP, indexed tar, tarfile, webdataset 1.0.2, our shard reader;
+- the decoded loaders with 0, 1 and 2 DataLoader workers, warm and cold page cache: folder, ZIP (the
+  worker-safe one), indexed tar, our shard stream, webdataset;
+- per-file against sharded reads through the emulated network store at 2 ms per request, 4 workers.
+
+Writes ``build/bench/report.md``, ``build/bench/results.json`` and plots next to them, prints the key
+ratios, and exits with status 1 when a target the course promises is missed (judged on the workshop
+dataset only: with 500 images, starting worker processes dominates every figure).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tarfile
+import time
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import webdataset as wds  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from packdata import data, packing, storage, system  # noqa: E402
+from packdata.bench import benchmark  # noqa: E402
+from packdata.datasets import FolderDataset, IndexedTarDataset, WorkerSafeZipDataset, decode_image  # noqa: E402
+from packdata.remote import EncodedObjects  # noqa: E402
+from packdata.shards import write_shards  # noqa: E402
+from packdata.store import NetworkStore  # noqa: E402
+from packdata.streaming import ShardDataset  # noqa: E402
+
+OUT = Path(__file__).resolve().parents[1] / "build" / "bench"
+BATCH, BUFFER, SHARDS = 64, 1000, 10
+WORKERS = (0, 1, 2)
+NETWORK_LATENCY, NETWORK_WORKERS = 0.002, 4
+
+# (what, numerator, denominator, at least, format): the promises the course makes, checked on every run
+TARGETS = [
+    ("our reader / webdataset, no decode", "raw/ours", "raw/webdataset", 10.0, "{:.1f}×"),
+    ("our reader / bytes limit, no decode", "raw/ours", "limit/shard files read whole", 0.30, "{:.0%}"),
+    ("our stream decoded, 2 workers / 0 workers", "warm/our stream, 2 workers", "warm/our stream, 0 workers",
+     1.7, "{:.2f}×"),
+    ("our stream / webdataset, decoded, 2 workers", "warm/our stream, 2 workers", "warm/webdataset, 2 workers",
+     1.0, "{:.2f}×"),
+    (f"shards / per-file at {NETWORK_LATENCY * 1e3:g} ms, {NETWORK_WORKERS} workers", "network/shards",
+     "network/per-file", 20.0, "{:.0f}×"),
+]
+
+
+class Results:
+    """Samples/s of every measurement, by ``group/name``, each repeated and counted."""
+
+    def __init__(self, samples):
+        self.samples, self.rates = samples, {}
+
+    def measure(self, group, name, run, repeats, before=None):
+        """Call ``run`` (it returns how many samples it saw) ``repeats`` times; record and print samples/s."""
+        rates = []
+        for _ in range(repeats):
+            if before is not None:
+                before()
+            started = time.perf_counter()
+            seen = run()
+            seconds = time.perf_counter() - started
+            if seen != self.samples:
+                raise RuntimeError(f"{group}/{name} saw {seen} samples, expected {self.samples}")
+            rates.append(seen / seconds)
+        self.rates[f"{group}/{name}"] = rates
+        print(f"  {group + '/' + name:<46}{statistics.median(rates):>11,.0f} samples/s  "
+              f"(min {min(rates):,.0f}, max {max(rates):,.0f}, n={len(rates)})")
+
+    def median(self, key):
+        return statistics.median(self.rates[key])
+
+
+def count_batches(loader):
+    return sum(len(labels) for _, labels in loader)
+
+
+def tarfile_samples(path):
+    """Samples in one shard, reading every member's bytes with Python's ``tarfile``."""
+    with tarfile.open(path) as tar:
+        return sum(1 for member in tar if member.isfile() and tar.extractfile(member).read() is not None
+                   and member.name.endswith(".jpg"))
+
+
+def read_all(paths):
+    for path in paths:
+        with open(path, "rb") as file:
+            file.read()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="the 500-image dataset and fewer repeats")
+    args = parser.parse_args(argv)
+    if args.small:
+        os.environ["PACKDATA_SIZE"] = "small"
+    repeats, slow_repeats = (2, 1) if args.small else (5, 3)
+    started = time.perf_counter()
+
+    root = data.make_dataset(progress=False)
+    manifest = data.load_manifest(root)
+    work = data.data_dir() / "bench"
+    zip_path = packing.pack_zip(root, work / f"{root.name}.zip", progress=False)
+    tar_path = packing.pack_tar(root, work / f"{root.name}.tar", progress=False)
+    samples = len(manifest["samples"])
+    infos = write_shards(root, work / f"shards-{root.name}", maxcount=-(-samples // SHARDS), progress=False)
+    shards = [str(info.path) for info in infos]
+    results = Results(samples)
+    print(f"{samples:,} samples in {len(shards)} shards; {system.usable_cores()} cores")
+
+    maps = {"folder": FolderDataset(root), "ZIP": WorkerSafeZipDataset(zip_path), "indexed tar": IndexedTarDataset(tar_path)}
+    read_all(shards)
+
+    print("\nlimits")
+    results.measure("limit", "shard files read whole", lambda: read_all(shards) or samples, repeats)
+    payloads = [maps["folder"].read_bytes(i) for i in range(samples)]
+    results.measure("limit", "JPEG decode, one core", lambda: sum(1 for p in payloads if decode_image(p) is not None),
+                    slow_repeats)
+
+    print("\nraw bytes, no decode, warm")
+    for name, dataset in maps.items():
+        results.measure("raw", name, lambda d=dataset: sum(1 for i in range(samples) if d.read_bytes(i)), repeats)
+    results.measure("raw", "tarfile", lambda: sum(tarfile_samples(path) for path in shards), repeats)
+    results.measure("raw", "webdataset", lambda: sum(1 for _ in wds.WebDataset(shards, shardshuffle=False)), repeats)
+    results.measure("raw", "ours", lambda: sum(1 for _ in ShardDataset(shards, shuffle=False, decode=False)), repeats)
+
+    def our_stream(workers):
+        dataset = ShardDataset(shards, buffer_size=BUFFER, batch_size=BATCH)
+        return lambda: count_batches(DataLoader(dataset, batch_size=None, num_workers=workers))
+
+    def webdataset_stream(workers):
+        pipeline = (wds.WebDataset(shards, shardshuffle=len(shards)).shuffle(BUFFER).decode("torchrgb8")
+                    .to_tuple("jpg", "cls").batched(BATCH))
+        return lambda: count_batches(wds.WebLoader(pipeline, batch_size=None, num_workers=workers))
+
+    def map_loader(dataset, workers):
+        return lambda: benchmark(dataset, batch_size=BATCH, num_workers=workers, progress=False).samples
+
+    loaders = {name: (lambda w, d=d: map_loader(d, w)) for name, d in maps.items()}
+    loaders.update({"our stream": our_stream, "webdataset": webdataset_stream})
+    paths = {"folder": [root], "ZIP": [zip_path], "indexed tar": [tar_path], "our stream": shards, "webdataset": shards}
+    for cache in ("warm", "cold"):
+        print(f"\ndecoded, batches of {BATCH}, {cache} page cache")
+        for name, make in loaders.items():
+            evict = (lambda p=paths[name]: storage.evict_from_page_cache(p)) if cache == "cold" else None
+            for workers in WORKERS:
+                results.measure(cache, f"{name}, {workers} workers", make(workers), slow_repeats, before=evict)
+
+    print(f"\nthrough the emulated network store, {NETWORK_LATENCY * 1e3:g} ms per request, {NETWORK_WORKERS} workers")
+    with NetworkStore(data.data_dir(), latency=NETWORK_LATENCY) as store, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        urls = [store.url_for(Path(path).relative_to(data.data_dir())) for path in shards]
+        per_file = EncodedObjects(f"{store.url}{root.name}/", manifest)
+        sizes = [info.samples for info in infos]
+        results.measure("network", "per-file", lambda: benchmark(
+            per_file, batch_size=BATCH, num_workers=NETWORK_WORKERS, progress=False).samples, slow_repeats)
+        results.measure("network", "shards", lambda: count_batches(DataLoader(
+            ShardDataset(urls, decode=False, sizes=sizes, batch_size=BATCH), batch_size=None,
+            num_workers=NETWORK_WORKERS)), slow_repeats)
+
+    missed = report(results, samples, time.perf_counter() - started, args.small)
+    if args.small:
+        print("small mode checks that every loader runs; the targets are judged on the workshop dataset")
+        return 0
+    return 1 if missed else 0
+
+
+def report(results, samples, seconds, small):
+    """Print the key ratios; write the markdown report, the JSON and the plots. Returns the missed targets."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    ratios, missed = [], []
+    print("\nkey ratios (target)")
+    for what, top, bottom, target, spec in TARGETS:
+        value = results.median(top) / results.median(bottom)
+        met = value >= target
+        ratios.append({"what": what, "value": value, "target": target, "met": met, "format": spec})
+        missed += [] if met else [what]
+        print(f"  {what:<48}{spec.format(value):>8}  (≥ {spec.format(target)})  {'met' if met else 'MISSED'}")
+
+    env = system.environment_report()
+    load = os.getloadavg()[1] if hasattr(os, "getloadavg") else float("nan")
+    lines = [
+        "# Benchmark report",
+        "",
+        f"{samples:,} samples ({'small' if small else 'workshop'} dataset), {env['usable CPU cores']} cores, "
+        f"{env['platform']}, Python {env['python']}, torch {env['torch']}, webdataset {env['webdataset']}; "
+        f"the whole run took {seconds / 60:.1f} minutes, with a 5-minute load average of {load:.1f} at the end "
+        "(above the number of cores, other work competed with the measurements). Generated by `make bench`: "
+        "every figure below was measured in that one run.",
+        "",
+        "## Targets",
+        "",
+        "| ratio | measured | target | |",
+        "|---|---|---|---|",
+        *(f"| {r['what']} | {r['format'].format(r['value'])} | ≥ {r['format'].format(r['target'])} | "
+          f"{'met' if r['met'] else '**missed**'} |" for r in ratios),
+        "",
+        "## Every measurement (samples/s)",
+        "",
+        "| measurement | median | min | max | repeats |",
+        "|---|---|---|---|---|",
+        *(f"| {key} | {statistics.median(v):,.0f} | {min(v):,.0f} | {max(v):,.0f} | {len(v)} |"
+          for key, v in results.rates.items()),
+        "",
+        "![decoded loaders](loaders.png)",
+        "",
+    ]
+    (OUT / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    (OUT / "results.json").write_text(json.dumps(
+        {"samples": samples, "seconds": seconds, "load_average": load, "environment": env, "rates": results.rates,
+         "ratios": ratios},
+        indent=1), encoding="utf-8")
+    plot_loaders(results)
+    print(f"\nreport: {OUT / 'report.md'}")
+    return missed
+
+
+def plot_loaders(results):
+    """Grouped bars: decoded samples/s of each loader by workers, warm and cold."""
+    names = ["folder", "ZIP", "indexed tar", "our stream", "webdataset"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    for ax, cache in zip(axes, ("warm", "cold")):
+        width = 0.8 / len(WORKERS)
+        for offset, workers in enumerate(WORKERS):
+            heights = [results.median(f"{cache}/{name}, {workers} workers") for name in names]
+            ax.bar([i + offset * width for i in range(len(names))], heights, width, label=f"{workers} workers")
+        ax.set_xticks([i + width for i in range(len(names))], names)
+        ax.set_title(f"decoded, {cache} page cache")
+    axes[0].set_ylabel("samples/s (median)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "loaders.png", dpi=100)
+
+
+if __name__ == "__main__":
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # webdataset's and DataLoader's advice is not part of the measurement
+        sys.exit(main())

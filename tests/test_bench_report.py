@@ -1,0 +1,26 @@
+"""`make bench` keeps working: its quick mode runs every loader of the course and writes the report."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_benchmark_writes_report_with_every_target():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), "--small"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((ROOT / "build" / "bench" / "results.json").read_text())
+    assert results["samples"] == 500
+    assert len(results["ratios"]) == 5
+    loaders = ["folder", "ZIP", "indexed tar", "our stream", "webdataset"]
+    for cache in ("warm", "cold"):
+        for name in loaders:
+            for workers in (0, 1, 2):
+                assert results["rates"][f"{cache}/{name}, {workers} workers"]
+    assert {"network/per-file", "network/shards", "limit/shard files read whole"} <= set(results["rates"])
+    report = (ROOT / "build" / "bench" / "report.md").read_text()
+    assert all(ratio["what"] in report for ratio in results["ratios"])
+    assert (ROOT / "build" / "bench" / "loaders.png").stat().st_size > 10_000
