@@ -69,3 +69,10 @@ def test_guide_without_markers_is_refused(tmp_path):
 def test_instructor_guide_has_a_schedule_slot():
     text = (ROOT / "INSTRUCTORS.md").read_text()
     assert schedule.START in text and schedule.END in text
+
+
+def test_instructor_schedule_covers_every_lesson():
+    """Adding a lesson means timing it too: run `make schedule`."""
+    text = (ROOT / "INSTRUCTORS.md").read_text()
+    for lesson in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md")):
+        assert f"| `{lesson.stem}` |" in text, f"{lesson.stem} is not in the schedule: run 'make schedule'"
