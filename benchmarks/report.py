@@ -34,7 +34,7 @@ import webdataset as wds  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packdata import data, packing, storage, system  # noqa: E402
-from packdata.bench import benchmark  # noqa: E402
+from packdata.bench import benchmark, count_samples  # noqa: E402
 from packdata.datasets import FolderDataset, IndexedTarDataset, WorkerSafeZipDataset, decode_image  # noqa: E402
 from packdata.remote import EncodedObjects  # noqa: E402
 from packdata.shards import write_shards  # noqa: E402
@@ -86,7 +86,8 @@ class Results:
 
 
 def count_batches(loader):
-    return sum(len(labels) for _, labels in loader)
+    """Samples in every batch of one pass over ``loader``."""
+    return sum(count_samples(batch) for batch in loader)
 
 
 def tarfile_samples(path):

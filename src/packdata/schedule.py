@@ -41,6 +41,12 @@ def folder_bytes(folder):
     return sum(p.stat().st_blocks * 512 for p in Path(folder).rglob("*") if p.is_file())
 
 
+def shown_path(path):
+    """``path`` relative to the working folder when it lies inside it (``data``), else as it is."""
+    path = Path(path).resolve()
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+
+
 def schedule_markdown(rows, data_bytes):
     """The generated part of the guide: a table of measured times, the total, and the machine it ran on."""
     report = system.environment_report()
@@ -59,7 +65,7 @@ def schedule_markdown(rows, data_bytes):
     lines += [
         "",
         f"All lessons and worked exercises together: **{total / 60:.1f} minutes** of computation. "
-        f"Generated data on disk after the run: **{data_bytes / 1e6:.0f} MB** in `{data.data_dir()}`.",
+        f"Generated data on disk after the run: **{data_bytes / 1e6:.0f} MB** in `{shown_path(data.data_dir())}/`.",
     ]
     return "\n".join(lines)
 
