@@ -367,8 +367,8 @@ def scan_plain(data, archive="<tar>"):
         return None
     headers = blocks[candidates]
     digits = headers[:, 124:135].astype(np.int64) - ord("0")
-    flags_plain = np.isin(headers[:, 156], (0, ord("0")))
-    if ((digits < 0) | (digits > 7)).any() or headers[:, 345].any() or not flags_plain.all():
+    flags = headers[:, 156]
+    if ((digits < 0) | (digits > 7)).any() or headers[:, 345].any() or not ((flags == 0) | (flags == ord("0"))).all():
         return None  # base-256 sizes, a name prefix, links, folders, pax or GNU records: the general walk
     sizes = digits @ _OCTAL_WEIGHTS
     following = candidates + 1 + (sizes + BLOCK - 1) // BLOCK
