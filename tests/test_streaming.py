@@ -2,6 +2,7 @@
 interop both ways, and every bad input failing clearly (or being skipped and counted when asked)."""
 
 import io
+import itertools
 import random
 import tarfile
 import warnings
@@ -123,6 +124,24 @@ def test_spawn_workers_decode_and_batch(urls, all_keys):
     assert sum(len(labels) for _, labels in batches) == len(all_keys)
     images, labels = batches[0]
     assert images.dtype == torch.uint8 and images.shape[1:] == (3, 64, 64) and labels.dtype == torch.int64
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_persistent_workers_follow_set_epoch(urls, all_keys, method):
+    dataset = ShardDataset(urls, seed=3, buffer_size=5, keys=KEYS, decode=False)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True,
+                        multiprocessing_context=method)
+    epochs = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        epochs.append([key for key, _ in loader])
+    for epoch, keys in enumerate(epochs):
+        dataset.set_epoch(epoch)  # the same epoch computed here, the workers' streams taken in turn as the loader does
+        streams = [iter([key for key, _ in dataset.iterate(worker, 2)]) for worker in range(2)]
+        expected = [key for pair in itertools.zip_longest(*streams) for key in pair if key is not None]
+        assert keys == expected, f"epoch {epoch}"
+        assert sorted(keys) == all_keys
+    assert epochs[0] != epochs[1] != epochs[2]
 
 
 # --- shuffling -------------------------------------------------------------------------------------

@@ -349,13 +349,18 @@ class ShardDataset(IterableDataset):
         self._sizes = None if sizes is None else dict(zip(self.shards, sizes))
         if equalize:
             self.sizes()  # counted once here, not again in every worker
-        self.epoch = 0
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # seen by workers that outlive an epoch
         self.last_skips = None
+
+    @property
+    def epoch(self):
+        return int(self._epoch)
 
     def set_epoch(self, epoch):
         """Use epoch ``epoch``'s shard order (and buffer seed) from the next iteration on. Call it before each epoch,
-        in the main process: DataLoader workers started afterwards (``persistent_workers=False``) see it."""
-        self.epoch = epoch
+        in the main process. The epoch lives in shared memory, so workers kept alive across epochs
+        (``persistent_workers=True``) see it too, not only workers started afterwards."""
+        self._epoch.fill_(operator.index(epoch))
 
     def epoch_order(self):
         """The whole shard list in this epoch's order, as every rank and worker sees it."""
