@@ -1,6 +1,6 @@
 """make bench: every loader of the course on the same data, side by side, in one run.
 
-    python benchmarks/report.py            # workshop dataset (10,000 images), about 5 minutes on 2 cores
+    python benchmarks/report.py            # workshop dataset (10,000 images), about 3 minutes on 2 cores
     python benchmarks/report.py --small    # the 500-image dataset and fewer repeats: a quick check
 
 Measures, each several times (median and min–max spread):
