@@ -171,8 +171,9 @@ def plain_tuples(data, shard, keys):
         elif key == "__url__":
             columns.append(repeat(shard, len(sample_keys)))
         else:
-            begin = starts[layout.index(key)::width]
-            ends = begin + sizes[layout.index(key)::width]
+            position = layout.index(key)
+            begin = starts[position::width]
+            ends = begin + sizes[position::width]
             columns.append(map(data.__getitem__, map(slice, begin.tolist(), ends.tolist())))
     return zip(*columns)
 
