@@ -136,8 +136,8 @@ def test_persistent_workers_follow_set_epoch(urls, all_keys, method):
         dataset.set_epoch(epoch)
         epochs.append([key for key, _ in loader])
     for epoch, keys in enumerate(epochs):
-        dataset.set_epoch(epoch)  # the same epoch computed here, the workers' streams taken in turn as the loader does
-        streams = [iter([key for key, _ in dataset.iterate(worker, 2)]) for worker in range(2)]
+        dataset.set_epoch(epoch)  # the epoch again, in this process: each worker's stream, taken in turn as the loader does
+        streams = [[key for key, _ in dataset.iterate(worker, 2)] for worker in range(2)]
         expected = [key for pair in itertools.zip_longest(*streams) for key in pair if key is not None]
         assert keys == expected, f"epoch {epoch}"
         assert sorted(keys) == all_keys
