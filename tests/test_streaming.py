@@ -21,7 +21,6 @@ from packdata.streaming import (
     ShardDataset,
     ShardError,
     equal_quotas,
-    expand_braces,
     expand_shards,
     shuffle_buffer,
     shuffle_shards,
@@ -63,9 +62,29 @@ def keys_of(dataset, num_workers=1):
     ("x{8..10}", ["x8", "x9", "x10"]),
     ("{train,val}-{0..1}.tar", ["train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"]),
     ("http://h:1/s-{09..11}.tar", ["http://h:1/s-09.tar", "http://h:1/s-10.tar", "http://h:1/s-11.tar"]),
+    ("{a,{b,c}}.tar", ["a.tar", "b.tar", "c.tar"]),
+    ("{0..010}", [f"{n:03d}" for n in range(11)]),
+    ("{10..08}", ["10", "09", "08"]),
+    ("a{}.tar", ["a{}.tar"]),
 ])
-def test_brace_patterns_expand_in_order_with_padding(pattern, expected):
-    assert expand_braces(pattern) == expected
+def test_brace_patterns_expand_as_webdataset_expands_them(pattern, expected):
+    assert expand_shards(pattern) == expected == list(webdataset.shardlists.expand_urls(pattern))
+
+
+@pytest.mark.parametrize("shards", [["a.tar", "a.tar"], "{a,b,a}.tar", ["a-{0..2}.tar", "a-1.tar"]])
+def test_a_shard_named_twice_is_refused(shards):
+    with pytest.raises(ValueError, match="more than once"):
+        expand_shards(shards)
+
+
+def test_more_ranks_than_shards_is_refused(urls):
+    with pytest.raises(ValueError, match=f"{len(urls)} shard.*{len(urls) + 1} ranks"):
+        ShardDataset(urls, rank=0, world_size=len(urls) + 1)
+
+
+def test_equalize_refuses_skipping(urls):
+    with pytest.raises(ValueError, match="equalize.*errors='skip'"):
+        ShardDataset(urls, equalize=True, errors="skip")
 
 
 def test_a_pattern_expands_to_the_written_shards(shard_dir, urls):
@@ -371,25 +390,30 @@ def bad_shards(tmp_path, urls, jpeg):
         "duplicate member": (rewrite(tmp_path / "dupm.tar", [("a.jpg", jpeg), ("a.jpg", jpeg), ("a.cls", b"1")]),
                              ShardError, r"dupm\.tar: duplicate member 'a\.jpg'"),
         "missing file": (str(tmp_path / "nothere.tar"), FileNotFoundError, "nothere.tar"),
+        "not an image": (rewrite(tmp_path / "notimage.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", b"oops"),
+                                                              ("b.cls", b"2")]),
+                         ShardError, r"notimage\.tar: cannot decode sample 'b'"),
     }
 
 
-@pytest.mark.parametrize("case", ["truncated", "missing label", "duplicate key", "duplicate member", "missing file"])
+@pytest.mark.parametrize("case", ["truncated", "missing label", "duplicate key", "duplicate member", "missing file",
+                                  "not an image"])
 def test_bad_input_raises_an_error_naming_the_shard(bad_shards, case):
     shard, error, message = bad_shards[case]
     with pytest.raises(error, match=message):
-        list(ShardDataset([shard], decode=False))
+        list(ShardDataset([shard], decode=case == "not an image"))
 
 
 @pytest.mark.parametrize("case, shards, samples", [
     ("truncated", 1, 0), ("missing label", 0, 1), ("duplicate key", 0, 1), ("duplicate member", 0, 1),
-    ("missing file", 1, 0),
+    ("missing file", 1, 0), ("not an image", 0, 1),
 ])
 def test_skipping_counts_what_was_left_out_and_reports_it(bad_shards, urls, all_keys, case, shards, samples):
     shard = bad_shards[case][0]
-    dataset = ShardDataset([*urls, shard], keys=("__key__", "cls"), decode=False, errors="skip")
+    keys = ("__key__", "jpg", "cls") if case == "not an image" else ("__key__", "cls")
+    dataset = ShardDataset([*urls, shard], keys=keys, decode=case == "not an image", errors="skip")
     with pytest.warns(UserWarning, match=f"skipped {shards} shard.* and {samples} sample"):
-        keys = [key for key, _ in dataset]
+        keys = [item[0] for item in dataset]
     assert sorted(set(keys) - {"a", "b"}) == all_keys
     assert (dataset.last_skips.shards, dataset.last_skips.samples) == (shards, samples)
 

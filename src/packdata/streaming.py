@@ -16,22 +16,21 @@ a new shard order; the shuffle buffer then mixes samples from the shards a worke
 import operator
 import os
 import random
-import re
 import urllib.parse
 import warnings
+from collections import Counter
 from itertools import islice, repeat
 from pathlib import Path
 
 import numpy as np
 import torch
+from braceexpand import braceexpand
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from .datasets import DECODERS, HttpClient, decode_image, is_url
 from .packing import split_member
 from .tario import TarFormatError, iter_buffer, scan_buffer, scan_plain
 
-BRACES = re.compile(r"\{([^{}]*)\}")
-RANGE = re.compile(r"(\d+)\.\.(\d+)")
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "npy")
 ERROR_MODES = ("raise", "skip")
 
@@ -43,31 +42,18 @@ class ShardError(ValueError):
 # --- which shards, in which order, for whom -------------------------------------------------------
 
 
-def expand_braces(pattern):
-    """Every name a brace pattern stands for, in order: ``"a-{00..02}.tar"`` gives three names (zero padding kept),
-    ``"{train,val}.tar"`` two; several groups multiply."""
-    match = BRACES.search(pattern)
-    if match is None:
-        return [pattern]
-    head, tail, body = pattern[:match.start()], pattern[match.end():], match.group(1)
-    numbers = RANGE.fullmatch(body)
-    if numbers:
-        first, last = numbers.groups()
-        width = len(first) if first.startswith("0") else 0
-        step = 1 if int(last) >= int(first) else -1
-        choices = [f"{n:0{width}d}" for n in range(int(first), int(last) + step, step)]
-    else:
-        choices = body.split(",")
-    return [name for choice in choices for name in expand_braces(head + choice + tail)]
-
-
 def expand_shards(shards):
-    """The shard list as strings: a brace pattern, a path or URL, or a list of those (each expanded)."""
+    """The shard list as strings: a brace pattern, a path or URL, or a list of those, each expanded as bash (and
+    webdataset) expand braces: ``"train-{000..009}.tar"`` gives ten names, ``"{train,val}.tar"`` two. A shard named
+    twice would be read twice per epoch, so it is an error."""
     if isinstance(shards, (str, Path)):
         shards = [shards]
-    expanded = [name for shard in shards for name in expand_braces(str(shard))]
+    expanded = [name for shard in shards for name in braceexpand(str(shard))]
     if not expanded:
         raise ValueError("the shard list is empty: give a brace pattern, a list of paths, or http:// URLs")
+    repeated = [name for name, times in Counter(expanded).items() if times > 1]
+    if repeated:
+        raise ValueError(f"the shard list names {repeated[0]!r} more than once: its samples would come twice an epoch")
     return expanded
 
 
@@ -235,12 +221,13 @@ def decode_field(value, key, decoder="pil"):
 
 
 def decode(items, keys, transform, decoder, report):
-    """Decode each tuple field by its key; ``transform`` applies to the first (the image)."""
-    for item in items:
+    """Decode each tuple field by its key; ``transform`` applies to the first (the image). Items arrive as
+    ``(shard, sample key, *fields)`` and leave as the decoded fields, so that a sample that cannot be decoded is named."""
+    for shard, sample_key, *item in items:
         try:
             fields = [decode_field(value, key, decoder) for value, key in zip(item, keys)]
         except (OSError, ValueError, RuntimeError) as error:
-            report(ShardError(f"cannot decode a sample: {error}"))
+            report(ShardError(f"{shard}: cannot decode sample {sample_key!r}: {error}"))
             continue
         if transform is not None:
             fields[0] = transform(fields[0])
@@ -322,9 +309,10 @@ class ShardDataset(IterableDataset):
     - ``batch_size``: collate batches inside the workers (then use ``DataLoader(batch_size=None)``).
     - ``errors="skip"``: leave out unreadable shards and bad samples, and warn with their count at the end of
       each worker's epoch (also kept in ``last_skips`` when iterating in this process); default ``"raise"``.
-    - ``equalize=True``: every rank yields the same number of samples per epoch (the smallest rank's), so
-      distributed training cannot hang on a rank that runs out first; the surplus is left out, differently
-      each epoch.
+    - ``equalize=True``: every rank yields the same number of samples per epoch (the smallest rank's); the surplus
+      is left out (a different part each epoch when the shard order is shuffled). Equal samples are not yet equal
+      steps: each DataLoader worker batches its own samples, so a rank can still get one batch more than another.
+      Stop every rank after the same number of batches (``train.common_steps``) so that none waits for the others.
     - ``sizes``: samples per shard (same order as the expanded list) when known; counted from the shards otherwise.
     - ``splitter``/``buffer``: replace the ``split_shards`` and ``shuffle_buffer`` stages (used by the exercises).
     """
@@ -342,6 +330,12 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
         if errors not in ERROR_MODES:
             raise ValueError(f"errors must be one of {ERROR_MODES}, got {errors!r}")
+        if len(self.shards) < self.world_size:
+            raise ValueError(f"{len(self.shards)} shard(s) for {self.world_size} ranks: a rank without a shard reads "
+                             "nothing (and distributed training waits for it); write at least one shard per rank")
+        if equalize and errors == "skip":
+            raise ValueError("equalize=True needs exact sample counts, and errors='skip' can leave samples out after "
+                             "they were counted; repair or remove the bad shards, or keep errors='raise'")
         if sizes is not None and len(sizes) != len(self.shards):
             raise ValueError(f"sizes has {len(sizes)} entries for {len(self.shards)} shards")
         self.seed, self.shuffle, self.buffer_size, self.keys = seed, shuffle, buffer_size, tuple(keys)
@@ -403,7 +397,8 @@ class ShardDataset(IterableDataset):
         """The pipeline of one worker: what ``__iter__`` runs in DataLoader worker ``worker`` of ``num_workers``."""
         where = f"rank {self.rank} worker {worker}"
         report = Skips(where) if self.errors == "skip" else raise_now
-        samples = read_tuples(self.shards_for(worker, num_workers), self.keys, report)
+        provenance = ("__url__", "__key__") if self.decode else ()  # for decode's error messages
+        samples = read_tuples(self.shards_for(worker, num_workers), provenance + self.keys, report)
         quota = self.quota(worker, num_workers)
         if quota is not None:
             samples = islice(samples, quota)
