@@ -1,6 +1,7 @@
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 import time
@@ -149,6 +150,13 @@ def test_http_dataset_reports_a_stopped_store(tiny_dataset):
         dataset.read_bytes(0)
     with pytest.raises(ConnectionError, match=dataset.url_for(1)):
         dataset.read_bytes(1)
+
+
+def test_a_timeout_names_the_url(tiny_dataset):
+    with NetworkStore(tiny_dataset, latency=60) as store:
+        dataset = HttpDataset(store.url, load_manifest(tiny_dataset), timeout=0.2)
+        with pytest.raises(TimeoutError, match=re.escape(dataset.url_for(0))):
+            dataset.read_bytes(0)
 
 
 # --- archives: ZIP and indexed tar, on disk and over HTTP Range requests ---------------------------

@@ -33,7 +33,6 @@ dot, so nothing can be read or written outside ``root``. An upload goes to a hid
 that is renamed only once all the bytes its ``Content-Length`` declared have arrived.
 """
 
-import http.client
 import json
 import mimetypes
 import os
@@ -501,23 +500,9 @@ class DatasetClient:
         return self.url + path + (urllib.parse.quote(file, safe="") if file is not None else "")
 
     def request(self, method, path, body=None, headers=None):
-        """``(status, body)`` of one request; any status of 400 or more raises ``ServiceError``."""
-        connection = self.http.connection()
-        for attempt in (1, 2):
-            try:
-                try:
-                    connection.request(method, "/" + path, body=body, headers=headers or {})
-                except ConnectionError:
-                    pass  # the server may have refused the body (413) and hung up while it was still being sent
-                response = connection.getresponse()
-                data = response.read()
-                break
-            except (http.client.HTTPException, ConnectionError) as error:
-                connection.close()  # e.g. an idle keep-alive connection the server dropped: reconnect once
-                if attempt == 2 or (body is not None and not isinstance(body, bytes)):
-                    raise ConnectionError(f"{method} {self.url}{path} failed: {error!r}") from error
-        if response.getheader("Connection", "").lower() == "close":
-            connection.close()
+        """``(status, body)`` of one request (``HttpClient.request`` says when it is repeated); any status of
+        400 or more raises ``ServiceError``."""
+        response, data = self.http.request(method, self.url + path, body, headers)
         if response.status >= 400:
             try:
                 message = json.loads(data)["error"]
