@@ -7,6 +7,7 @@ import pytest
 
 from packdata.data import load_manifest
 from packdata.store import NetworkStore
+from packdata.tario import written_atomically
 
 SLACK = 1.0  # seconds a loaded CI machine may add to a request: only absurd delays fail
 
@@ -168,3 +169,27 @@ def test_stopping_hangs_up_on_idle_keep_alive_clients(served):
     with pytest.raises((ConnectionError, http.client.HTTPException)):
         connection.getresponse()
     connection.close()
+
+
+def test_a_file_replaced_while_it_is_served_arrives_whole_old_or_new(store, served):
+    versions = [bytes([1]) * 200_000, bytes([2]) * 100_000]
+    path = served / "changing.bin"
+    path.write_bytes(versions[0])
+    done = threading.Event()
+
+    def keep_replacing():
+        while not done.is_set():
+            for version in versions:
+                with written_atomically(path) as file:
+                    file.write(version)
+
+    replacer = threading.Thread(target=keep_replacing)
+    replacer.start()
+    try:
+        for _ in range(300):
+            status, headers, body = get(store, "/changing.bin")
+            assert status == 200 and body in versions and int(headers["Content-Length"]) == len(body)
+    finally:
+        done.set()
+        replacer.join()
+

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from .data import load_manifest
 from .handles import PerProcessHandle
 from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest, split_member
+from .store import file_etag
 from .tario import INDEX_SUFFIX, TarFormatError, current_members, index_members, load_index
 
 DECODERS = ("pil", "torchvision")
@@ -256,7 +257,8 @@ class HttpDataset(EncodedImageDataset):
 class HttpRangeFile(io.RawIOBase):
     """A read-only, seekable file over ``http://`` (e.g. an archive on a ``NetworkStore``), enough for
     ``zipfile.ZipFile`` or ``tario.iter_members``. Opening it costs one HEAD (for the size); a read that the
-    buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes."""
+    buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes. ``etag`` is the server's
+    validator of the file's version, from the same HEAD (None when it sends none)."""
 
     def __init__(self, url, read_ahead=64 * 1024, timeout=30.0):
         super().__init__()
@@ -264,7 +266,8 @@ class HttpRangeFile(io.RawIOBase):
         self.name = url
         self.client = HttpClient(base_url + "/", timeout)
         self.relpath = urllib.parse.unquote(quoted_relpath)
-        self.size = int(self.client.head(self.relpath).getheader("Content-Length"))
+        response = self.client.head(self.relpath)
+        self.size, self.etag = int(response.getheader("Content-Length")), response.getheader("ETag")
         self.read_ahead = read_ahead
         self._position = 0
         self._buffer_start, self._buffer = 0, b""
@@ -383,14 +386,21 @@ class WorkerSafeZipDataset(ZipDataset):
 
 
 def remote_tar_index(remote):
-    """The member index of the tar behind ``remote`` (an ``HttpRangeFile``): its ``<url>.idx.json`` when there
-    is one for a tar of this size, else built by reading every header with range reads."""
+    """The member index of the tar behind ``remote`` (an ``HttpRangeFile``): its ``<url>.idx.json`` when that
+    describes this version of the tar, else built by reading every header with range reads.
+
+    The index records the size and mtime of the tar it was built from (``tario.build_index``); a
+    ``NetworkStore`` or ``DatasetService`` sends those in the tar's ``ETag`` (``store.file_etag``). An index
+    whose tar had another version is stale, as is every index from a server that sends no such ``ETag``.
+    """
     try:
         stored = json.loads(remote.client.get(remote.relpath + INDEX_SUFFIX))
     except (FileNotFoundError, ValueError):  # no index, or not JSON
         stored = None
     members = current_members(stored, remote.size)
-    return members if members is not None else index_members(remote, remote.name)
+    if members is not None and remote.etag == file_etag(remote.size, stored["tar_mtime_ns"]):
+        return members
+    return index_members(remote, remote.name)
 
 
 class IndexedTarDataset(EncodedImageDataset):

@@ -6,7 +6,8 @@
 
 Each request waits ``latency`` seconds on its own thread before answering, so parallel clients overlap
 their waits exactly as they would against a remote object store. ``latency`` and ``bandwidth`` may be
-changed while the store runs.
+changed while the store runs. A file is sent with an ``ETag`` that changes with its size or mtime
+(``file_etag``) and a ``Last-Modified``, so a client can tell a rewritten file from the one it knew.
 
 ``DatasetService`` is the same kind of server with a small JSON API for datasets of files, which
 ``DatasetClient`` speaks (``packdata serve ROOT`` runs one from the command line)::
@@ -42,6 +43,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -95,6 +97,12 @@ def wait_for_bandwidth(started, done, bandwidth):
         time.sleep(max(0.0, started + done / bandwidth - time.perf_counter()))
 
 
+def file_etag(size, mtime_ns):
+    """The ``ETag`` the servers send for a file of ``size`` bytes last modified at ``mtime_ns``: a new version of
+    the file, even one of the same size, gets another."""
+    return f'"{size:x}-{mtime_ns:x}"'
+
+
 # --- what both servers share: files with Range and pacing, refusals, a loopback server thread ------
 
 
@@ -104,23 +112,27 @@ class _FileHandler(BaseHTTPRequestHandler):
     timeout = 30  # close keep-alive connections idle this long (seconds), so stopped clients free their threads
 
     def send_file(self, path, send_body):
-        """Answer with the file at ``path`` (which exists): all of it, or the part a ``Range`` header asks for."""
-        size = path.stat().st_size
-        try:
-            span = byte_range(self.headers.get("Range"), size)
-        except ValueError:
-            return self.refuse(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, f"range not satisfiable: {self.path}",
-                               {"Content-Range": f"bytes */{size}"})
-        start, end = span or (0, size - 1)
-        self.send_response(HTTPStatus.PARTIAL_CONTENT if span else HTTPStatus.OK)
-        if span:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-        self.send_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
-        self.send_header("Content-Length", str(end - start + 1))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        if send_body:
-            with path.open("rb") as file:
+        """Answer with the file at ``path`` (which exists): all of it, or the part a ``Range`` header asks for.
+        Headers and body describe the one version opened, even when an upload replaces the file meanwhile."""
+        with path.open("rb") as file:
+            stat = os.fstat(file.fileno())
+            size = stat.st_size
+            try:
+                span = byte_range(self.headers.get("Range"), size)
+            except ValueError:
+                return self.refuse(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, f"range not satisfiable: {self.path}",
+                                   {"Content-Range": f"bytes */{size}"})
+            start, end = span or (0, size - 1)
+            self.send_response(HTTPStatus.PARTIAL_CONTENT if span else HTTPStatus.OK)
+            if span:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", file_etag(size, stat.st_mtime_ns))
+            self.send_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
+            self.end_headers()
+            if send_body:
                 file.seek(start)
                 self.send_paced(file, end - start + 1)
 
