@@ -193,3 +193,24 @@ def test_a_file_replaced_while_it_is_served_arrives_whole_old_or_new(store, serv
         done.set()
         replacer.join()
 
+
+def test_stop_waits_for_requests_in_flight_without_waiting_out_their_latency(served):
+    before, answers = set(threading.enumerate()), []
+
+    def ask():
+        try:
+            answers.append(get(store, "/data.bin")[0])
+        except ConnectionError as error:
+            answers.append(type(error))
+
+    with NetworkStore(served, latency=60) as store:
+        client = threading.Thread(target=ask)
+        client.start()
+        while store.requests == 0:
+            time.sleep(0.01)  # the request is in, sleeping on its latency
+        started = time.perf_counter()
+    stopping = time.perf_counter() - started
+    left_running = set(threading.enumerate()) - before - {client}
+    client.join()
+    assert left_running == set()  # no handler thread outlives stop()
+    assert stopping < 60 and issubclass(answers[0], ConnectionError)  # the latency was cut short: a hang-up

@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import warnings
 from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -91,10 +92,9 @@ def is_valid_name(name):
     return isinstance(name, str) and NAME.fullmatch(name) is not None
 
 
-def wait_for_bandwidth(started, done, bandwidth):
-    """Sleep until ``done`` bytes may have passed since ``started`` at ``bandwidth`` bytes/s (None: no cap)."""
-    if bandwidth:
-        time.sleep(max(0.0, started + done / bandwidth - time.perf_counter()))
+def bandwidth_delay(started, done, bandwidth):
+    """Seconds until ``done`` bytes may have passed since ``started`` at ``bandwidth`` bytes/s (None: no cap)."""
+    return max(0.0, started + done / bandwidth - time.perf_counter()) if bandwidth else 0.0
 
 
 def file_etag(size, mtime_ns):
@@ -144,10 +144,15 @@ class _FileHandler(BaseHTTPRequestHandler):
             chunk = file.read(min(CHUNK, length - sent))
             if not chunk:
                 break
-            wait_for_bandwidth(started, sent + len(chunk), served.bandwidth)
+            self.pause(bandwidth_delay(started, sent + len(chunk), served.bandwidth))
             self.wfile.write(chunk)
             sent += len(chunk)
             served.count(bytes_served=len(chunk))
+
+    def pause(self, seconds):
+        """Sleep ``seconds`` (emulated latency or pacing); when the server stops meanwhile, wake and hang up."""
+        if self.server.stopping.wait(seconds):
+            raise ConnectionAbortedError("the server stopped")
 
     def error_body(self, message):
         """``(content type, bytes)`` of an error answer."""
@@ -170,28 +175,39 @@ class _FileHandler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection (a daemon: one stuck past ``stop``'s wait cannot keep Python from exiting)."""
+
     request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops connections
 
     def __init__(self, served, handler, host, port):
         super().__init__((host, port), handler)
         self.served = served
-        self.connections = set()
+        self.stopping = threading.Event()  # wakes handlers sleeping on latency or pacing
+        self.connections = set()  # each one has a handler thread until shutdown_request
+        self.connections_changed = threading.Condition()
 
     def process_request(self, request, client_address):
-        self.connections.add(request)
+        with self.connections_changed:
+            self.connections.add(request)
         super().process_request(request, client_address)
 
     def shutdown_request(self, request):
-        self.connections.discard(request)
         super().shutdown_request(request)
+        with self.connections_changed:
+            self.connections.discard(request)
+            self.connections_changed.notify_all()
 
-    def close_connections(self):
-        """Hang up on every client, including idle keep-alive ones, so a stopped server serves nothing more."""
-        for connection in list(self.connections):
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already gone
+    def close_connections(self, timeout):
+        """Hang up on every client, idle keep-alive ones included, and wait up to ``timeout`` s for their handler
+        threads to end; True when they all did."""
+        self.stopping.set()
+        with self.connections_changed:
+            for connection in self.connections:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already gone
+            return self.connections_changed.wait_for(lambda: not self.connections, timeout)
 
     def handle_error(self, request, client_address):
         if self.served.verbose or not isinstance(sys.exc_info()[1], ConnectionError):
@@ -246,12 +262,14 @@ class _Served:
         self._thread.start()
         return self
 
-    def stop(self):
-        """Stop serving and free the port."""
+    def stop(self, timeout=5.0):
+        """Stop serving, hang up on every client, wait up to ``timeout`` s for requests in progress to end (a
+        request sleeping on ``latency`` or ``bandwidth`` ends at once), and free the port."""
         if self._server is None:
             return
         self._server.shutdown()
-        self._server.close_connections()
+        if not self._server.close_connections(timeout):
+            warnings.warn(f"{type(self).__name__}: requests still running {timeout} s after stop()", RuntimeWarning)
         self._server.server_close()
         self._thread.join()
         self._server = self._thread = None
@@ -281,7 +299,7 @@ class _Handler(_FileHandler):
     def answer(self, send_body):
         store = self.server.served
         store.count(requests=1)
-        time.sleep(store.latency)
+        self.pause(store.latency)
         path = resolve_inside(store.root, self.path)
         if path is None:
             return self.refuse(HTTPStatus.FORBIDDEN, f"refused: {self.path} names nothing inside the served folder")
@@ -291,8 +309,10 @@ class _Handler(_FileHandler):
 
 
 class NetworkStore(_Served):
-    """Serve ``root`` over HTTP on 127.0.0.1 from a background thread, with per-request ``latency`` (s)
-    and an optional per-response ``bandwidth`` cap (bytes/s). Counts ``requests`` and ``bytes_served``."""
+    """Serve ``root`` over HTTP on 127.0.0.1 from a background thread, with per-request ``latency`` (s) and an
+    optional ``bandwidth`` cap (bytes/s) per connection: each response is paced on its own, so parallel
+    downloads do not share the cap, and N at once move up to N × ``bandwidth``. Counts ``requests`` and
+    ``bytes_served``."""
 
     handler = _Handler
 
@@ -334,7 +354,7 @@ class _ServiceHandler(_FileHandler):
     def dispatch(self, method, **kwargs):
         service = self.server.served
         service.count(requests=1)
-        time.sleep(service.latency)
+        self.pause(service.latency)
         self.body_read = False
         try:
             method(self.parts(), **kwargs)
@@ -455,7 +475,7 @@ class _ServiceHandler(_FileHandler):
                 raise ConnectionError(f"the client sent {received:,} of the {length:,} bytes it declared")
             file.write(chunk)
             received += len(chunk)
-            wait_for_bandwidth(started, received, bandwidth)
+            self.pause(bandwidth_delay(started, received, bandwidth))
         self.body_read = True
 
 
