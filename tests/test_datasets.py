@@ -1,6 +1,8 @@
 import hashlib
 import io
 import json
+import os
+import re
 import shutil
 import tarfile
 import time
@@ -16,9 +18,9 @@ from torch.utils.data import DataLoader, Dataset
 from packdata.data import load_manifest
 from packdata.datasets import FolderDataset, HttpDataset, HttpRangeFile, IndexedTarDataset, ZipDataset, decode_image
 from packdata import store as store_module
-from packdata.packing import TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
+from packdata.packing import END_OF_TAR, TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip, tar_member
 from packdata.store import NetworkStore
-from packdata.tario import TarFormatError, index_path
+from packdata.tario import TarFormatError, build_index, index_path
 
 
 class RawBytes(Dataset):
@@ -151,6 +153,13 @@ def test_http_dataset_reports_a_stopped_store(tiny_dataset):
         dataset.read_bytes(1)
 
 
+def test_a_timeout_names_the_url(tiny_dataset):
+    with NetworkStore(tiny_dataset, latency=60) as store:
+        dataset = HttpDataset(store.url, load_manifest(tiny_dataset), timeout=0.2)
+        with pytest.raises(TimeoutError, match=re.escape(dataset.url_for(0))):
+            dataset.read_bytes(0)
+
+
 # --- archives: ZIP and indexed tar, on disk and over HTTP Range requests ---------------------------
 
 ARCHIVE_DATASETS = {"zip": (pack_zip, ZipDataset), "tar": (pack_tar, IndexedTarDataset)}
@@ -269,6 +278,22 @@ def test_indexed_tar_over_http_scans_the_headers_without_a_current_index(archive
         stale = json.loads(index_path(archives / "jpeg.tar").read_text())
         index_path(tmp_path / "t.tar").write_text(json.dumps({**stale, "tar_size": 1, "members": {}}))
         assert IndexedTarDataset(store.url_for("t.tar")).members == local.members
+
+
+def test_indexed_tar_over_http_distrusts_the_index_of_a_tar_rewritten_at_the_same_size(archives, tmp_path):
+    tar = tmp_path / "t.tar"
+    with tarfile.open(archives / "jpeg.tar") as source:
+        members = [(info.name, source.extractfile(info).read()) for info in source.getmembers()]
+    tar.write_bytes(b"".join(tar_member(*member) for member in members) + END_OF_TAR)
+    indexed = build_index(tar)
+    with NetworkStore(tmp_path, latency=0) as store:
+        assert IndexedTarDataset(store.url_for("t.tar")).members == indexed
+        written = tar.stat().st_mtime_ns
+        tar.write_bytes(b"".join(tar_member(*member) for member in reversed(members)) + END_OF_TAR)
+        os.utime(tar, ns=(written + 1, written + 1))  # rewritten a moment later: same size, members elsewhere
+        remote, local = IndexedTarDataset(store.url_for("t.tar")), IndexedTarDataset(tar)
+        assert remote.members == local.members != indexed
+        assert [remote.read_bytes(i) for i in range(len(remote))] == [local.read_bytes(i) for i in range(len(local))]
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

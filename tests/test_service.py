@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from packdata import store as store_module
 from packdata.store import DatasetClient, DatasetService, ServiceError, is_valid_name
 
 
@@ -229,3 +230,35 @@ def test_a_refused_upload_does_not_poison_the_next_request(client):
     with pytest.raises(ServiceError, match="no dataset"):
         client.upload("missing", "x", b"another unread body")
     assert client.datasets() == [{"name": "d", "files": 0, "bytes": 0}]  # the same keep-alive client goes on
+
+
+class _HangsUpInsteadOfAnsweringPost(store_module._ServiceHandler):
+    def send_json(self, status, document, headers=None):
+        if self.command != "POST":
+            return super().send_json(status, document, headers)
+        self.close_connection = True  # the dataset exists now, but its answer is lost on the way
+
+
+class LossyService(DatasetService):
+    """A service whose answers to POST never arrive: the connection drops after the work is done."""
+
+    handler = _HangsUpInsteadOfAnsweringPost
+
+
+def test_a_create_whose_answer_is_lost_is_not_sent_again(tmp_path):
+    with LossyService(tmp_path) as service:
+        client = DatasetClient(service.url)
+        with pytest.raises(ConnectionError, match=f"POST {service.url}datasets failed"):
+            client.create("d")
+        assert service.requests == 1
+        assert client.datasets() == [{"name": "d", "files": 0, "bytes": 0}]
+
+
+def test_a_create_after_the_service_dropped_an_idle_connection(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module._ServiceHandler, "timeout", 0.1)  # hang up on clients idle for 0.1 s
+    with DatasetService(tmp_path) as service:
+        client = DatasetClient(service.url)
+        client.datasets()
+        time.sleep(0.5)
+        client.create("d")
+        assert client.datasets() == [{"name": "d", "files": 0, "bytes": 0}]

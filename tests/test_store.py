@@ -7,6 +7,7 @@ import pytest
 
 from packdata.data import load_manifest
 from packdata.store import NetworkStore
+from packdata.tario import written_atomically
 
 SLACK = 1.0  # seconds a loaded CI machine may add to a request: only absurd delays fail
 
@@ -168,3 +169,48 @@ def test_stopping_hangs_up_on_idle_keep_alive_clients(served):
     with pytest.raises((ConnectionError, http.client.HTTPException)):
         connection.getresponse()
     connection.close()
+
+
+def test_a_file_replaced_while_it_is_served_arrives_whole_old_or_new(store, served):
+    versions = [bytes([1]) * 200_000, bytes([2]) * 100_000]
+    path = served / "changing.bin"
+    path.write_bytes(versions[0])
+    done = threading.Event()
+
+    def keep_replacing():
+        while not done.is_set():
+            for version in versions:
+                with written_atomically(path) as file:
+                    file.write(version)
+
+    replacer = threading.Thread(target=keep_replacing)
+    replacer.start()
+    try:
+        for _ in range(300):
+            status, headers, body = get(store, "/changing.bin")
+            assert status == 200 and body in versions and int(headers["Content-Length"]) == len(body)
+    finally:
+        done.set()
+        replacer.join()
+
+
+def test_stop_waits_for_requests_in_flight_without_waiting_out_their_latency(served):
+    before, answers = set(threading.enumerate()), []
+
+    def ask():
+        try:
+            answers.append(get(store, "/data.bin")[0])
+        except ConnectionError as error:
+            answers.append(type(error))
+
+    with NetworkStore(served, latency=60) as store:
+        client = threading.Thread(target=ask)
+        client.start()
+        while store.requests == 0:
+            time.sleep(0.01)  # the request is in, sleeping on its latency
+        started = time.perf_counter()
+    stopping = time.perf_counter() - started
+    left_running = set(threading.enumerate()) - before - {client}
+    client.join()
+    assert left_running == set()  # no handler thread outlives stop()
+    assert stopping < 60 and issubclass(answers[0], ConnectionError)  # the latency was cut short: a hang-up

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from .data import load_manifest
 from .handles import PerProcessHandle
 from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest, split_member
+from .store import file_etag
 from .tario import INDEX_SUFFIX, TarFormatError, current_members, index_members, load_index
 
 DECODERS = ("pil", "torchvision")
@@ -79,8 +80,16 @@ def samples_from_folders(root):
     return classes, rows
 
 
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE"})  # sending one twice does no more than once
+
+
+def describe_request(method, url, headers=None):
+    """How error messages name a request: ``GET http://...``, and its ``Range`` when it has one."""
+    return " ".join([method, url, *[value for name, value in (headers or {}).items() if name == "Range"]])
+
+
 class HttpClient:
-    """GETs against one ``http://`` base URL over keep-alive connections: one per process and thread,
+    """Requests against one ``http://`` base URL over keep-alive connections: one per process and thread,
     opened on first use. Pickles as plain data, so DataLoader workers (fork or spawn) each open their own."""
 
     def __init__(self, base_url, timeout=30.0):
@@ -100,41 +109,61 @@ class HttpClient:
 
     def get(self, relpath):
         """The body of one GET; errors name the URL and the HTTP status (404 is a ``FileNotFoundError``)."""
-        return self._request("GET", relpath, {}, HTTPStatus.OK)[1]
+        return self._expect("GET", relpath, {}, HTTPStatus.OK)[1]
 
     def get_range(self, relpath, start, length):
         """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when length is 0)."""
         if length == 0:
             return b""
-        body = self._request("GET", relpath, {"Range": f"bytes={start}-{start + length - 1}"},
-                             HTTPStatus.PARTIAL_CONTENT)[1]
+        body = self._expect("GET", relpath, {"Range": f"bytes={start}-{start + length - 1}"},
+                            HTTPStatus.PARTIAL_CONTENT)[1]
         if len(body) != length:
             raise OSError(f"GET {self.url_for(relpath)} returned {len(body)} of the {length} bytes asked for "
                           f"at offset {start}: the file is shorter than expected")
         return body
 
-    def content_length(self, relpath):
-        """The size of ``relpath`` in bytes, from one HEAD request."""
-        return int(self._request("HEAD", relpath, {}, HTTPStatus.OK)[0].getheader("Content-Length"))
+    def head(self, relpath):
+        """The response to one HEAD request: ``Content-Length``, ``ETag`` and the other headers of ``relpath``."""
+        return self._expect("HEAD", relpath, {}, HTTPStatus.OK)[0]
 
-    def _request(self, method, relpath, headers, expected_status):
-        """``(response, body)`` of one request; errors name the request and the HTTP status."""
-        url = self.url_for(relpath)
-        what = " ".join([method, url, *headers.values()])
+    def request(self, method, url, body=None, headers=None):
+        """``(response, body)`` of one request for ``url`` (under the base URL), whatever its status.
+
+        A connection the server dropped (an idle keep-alive one, say) is reopened and the request sent once
+        more, but only when sending it twice cannot do more than once: an idempotent method whose body is
+        None or bytes. Any other method goes out on a fresh connection and is never repeated. A failure to
+        talk to the server raises ``ConnectionError``, or ``TimeoutError`` after ``timeout`` s without an
+        answer, naming the request.
+        """
+        repeatable = method in IDEMPOTENT_METHODS and (body is None or isinstance(body, bytes))
+        connection = self.connection()
+        if method not in IDEMPOTENT_METHODS:
+            connection.close()  # a kept-alive connection may be dropped under the request, which must not be resent
         for attempt in (1, 2):
-            connection = self.connection()
             try:
-                connection.request(method, urllib.parse.urlsplit(url).path, headers=headers)
+                try:
+                    connection.request(method, urllib.parse.urlsplit(url).path, body=body, headers=headers or {})
+                except ConnectionError:
+                    if connection.sock is None:
+                        raise  # no connection at all
+                    # else the server may have answered (a 413, say) and hung up while the body was still going out
                 response = connection.getresponse()
-                body = response.read()
-                break
-            except (http.client.HTTPException, ConnectionError) as error:
-                connection.close()  # e.g. the server dropped an idle keep-alive connection: reconnect once
-                if attempt == 2:
+                return response, response.read()
+            except (http.client.HTTPException, OSError) as error:
+                connection.close()
+                what = describe_request(method, url, headers)
+                if isinstance(error, TimeoutError):
+                    raise TimeoutError(f"{what} failed: no answer within {self.timeout} s") from error
+                if attempt == 2 or not repeatable:
                     raise ConnectionError(f"{what} failed: {error!r}") from error
+
+    def _expect(self, method, relpath, headers, expected_status):
+        """``(response, body)`` of one request that must answer ``expected_status``; errors name the request."""
+        url = self.url_for(relpath)
+        response, body = self.request(method, url, headers=headers)
         if response.status != expected_status:
             kind = FileNotFoundError if response.status == HTTPStatus.NOT_FOUND else OSError
-            raise kind(f"{what} failed: HTTP {response.status} {response.reason}")
+            raise kind(f"{describe_request(method, url, headers)} failed: HTTP {response.status} {response.reason}")
         return response, body
 
     def connection(self):
@@ -228,7 +257,8 @@ class HttpDataset(EncodedImageDataset):
 class HttpRangeFile(io.RawIOBase):
     """A read-only, seekable file over ``http://`` (e.g. an archive on a ``NetworkStore``), enough for
     ``zipfile.ZipFile`` or ``tario.iter_members``. Opening it costs one HEAD (for the size); a read that the
-    buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes."""
+    buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes. ``etag`` is the server's
+    validator of the file's version, from the same HEAD (None when it sends none)."""
 
     def __init__(self, url, read_ahead=64 * 1024, timeout=30.0):
         super().__init__()
@@ -236,7 +266,8 @@ class HttpRangeFile(io.RawIOBase):
         self.name = url
         self.client = HttpClient(base_url + "/", timeout)
         self.relpath = urllib.parse.unquote(quoted_relpath)
-        self.size = self.client.content_length(self.relpath)
+        response = self.client.head(self.relpath)
+        self.size, self.etag = int(response.getheader("Content-Length")), response.getheader("ETag")
         self.read_ahead = read_ahead
         self._position = 0
         self._buffer_start, self._buffer = 0, b""
@@ -355,14 +386,21 @@ class WorkerSafeZipDataset(ZipDataset):
 
 
 def remote_tar_index(remote):
-    """The member index of the tar behind ``remote`` (an ``HttpRangeFile``): its ``<url>.idx.json`` when there
-    is one for a tar of this size, else built by reading every header with range reads."""
+    """The member index of the tar behind ``remote`` (an ``HttpRangeFile``): its ``<url>.idx.json`` when that
+    describes this version of the tar, else built by reading every header with range reads.
+
+    The index records the size and mtime of the tar it was built from (``tario.build_index``); a
+    ``NetworkStore`` or ``DatasetService`` sends those in the tar's ``ETag`` (``store.file_etag``). An index
+    whose tar had another version is stale, as is every index from a server that sends no such ``ETag``.
+    """
     try:
         stored = json.loads(remote.client.get(remote.relpath + INDEX_SUFFIX))
     except (FileNotFoundError, ValueError):  # no index, or not JSON
         stored = None
     members = current_members(stored, remote.size)
-    return members if members is not None else index_members(remote, remote.name)
+    if members is not None and remote.etag == file_etag(remote.size, stored["tar_mtime_ns"]):
+        return members
+    return index_members(remote, remote.name)
 
 
 class IndexedTarDataset(EncodedImageDataset):

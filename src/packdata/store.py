@@ -6,7 +6,8 @@
 
 Each request waits ``latency`` seconds on its own thread before answering, so parallel clients overlap
 their waits exactly as they would against a remote object store. ``latency`` and ``bandwidth`` may be
-changed while the store runs.
+changed while the store runs. A file is sent with an ``ETag`` that changes with its size or mtime
+(``file_etag``) and a ``Last-Modified``, so a client can tell a rewritten file from the one it knew.
 
 ``DatasetService`` is the same kind of server with a small JSON API for datasets of files, which
 ``DatasetClient`` speaks (``packdata serve ROOT`` runs one from the command line)::
@@ -33,7 +34,6 @@ dot, so nothing can be read or written outside ``root``. An upload goes to a hid
 that is renamed only once all the bytes its ``Content-Length`` declared have arrived.
 """
 
-import http.client
 import json
 import mimetypes
 import os
@@ -43,6 +43,8 @@ import sys
 import threading
 import time
 import urllib.parse
+import warnings
+from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -90,10 +92,15 @@ def is_valid_name(name):
     return isinstance(name, str) and NAME.fullmatch(name) is not None
 
 
-def wait_for_bandwidth(started, done, bandwidth):
-    """Sleep until ``done`` bytes may have passed since ``started`` at ``bandwidth`` bytes/s (None: no cap)."""
-    if bandwidth:
-        time.sleep(max(0.0, started + done / bandwidth - time.perf_counter()))
+def bandwidth_delay(started, done, bandwidth):
+    """Seconds until ``done`` bytes may have passed since ``started`` at ``bandwidth`` bytes/s (None: no cap)."""
+    return max(0.0, started + done / bandwidth - time.perf_counter()) if bandwidth else 0.0
+
+
+def file_etag(size, mtime_ns):
+    """The ``ETag`` the servers send for a file of ``size`` bytes last modified at ``mtime_ns``: a new version of
+    the file, even one of the same size, gets another."""
+    return f'"{size:x}-{mtime_ns:x}"'
 
 
 # --- what both servers share: files with Range and pacing, refusals, a loopback server thread ------
@@ -105,23 +112,27 @@ class _FileHandler(BaseHTTPRequestHandler):
     timeout = 30  # close keep-alive connections idle this long (seconds), so stopped clients free their threads
 
     def send_file(self, path, send_body):
-        """Answer with the file at ``path`` (which exists): all of it, or the part a ``Range`` header asks for."""
-        size = path.stat().st_size
-        try:
-            span = byte_range(self.headers.get("Range"), size)
-        except ValueError:
-            return self.refuse(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, f"range not satisfiable: {self.path}",
-                               {"Content-Range": f"bytes */{size}"})
-        start, end = span or (0, size - 1)
-        self.send_response(HTTPStatus.PARTIAL_CONTENT if span else HTTPStatus.OK)
-        if span:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-        self.send_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
-        self.send_header("Content-Length", str(end - start + 1))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        if send_body:
-            with path.open("rb") as file:
+        """Answer with the file at ``path`` (which exists): all of it, or the part a ``Range`` header asks for.
+        Headers and body describe the one version opened, even when an upload replaces the file meanwhile."""
+        with path.open("rb") as file:
+            stat = os.fstat(file.fileno())
+            size = stat.st_size
+            try:
+                span = byte_range(self.headers.get("Range"), size)
+            except ValueError:
+                return self.refuse(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, f"range not satisfiable: {self.path}",
+                                   {"Content-Range": f"bytes */{size}"})
+            start, end = span or (0, size - 1)
+            self.send_response(HTTPStatus.PARTIAL_CONTENT if span else HTTPStatus.OK)
+            if span:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", file_etag(size, stat.st_mtime_ns))
+            self.send_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
+            self.end_headers()
+            if send_body:
                 file.seek(start)
                 self.send_paced(file, end - start + 1)
 
@@ -133,10 +144,15 @@ class _FileHandler(BaseHTTPRequestHandler):
             chunk = file.read(min(CHUNK, length - sent))
             if not chunk:
                 break
-            wait_for_bandwidth(started, sent + len(chunk), served.bandwidth)
+            self.pause(bandwidth_delay(started, sent + len(chunk), served.bandwidth))
             self.wfile.write(chunk)
             sent += len(chunk)
             served.count(bytes_served=len(chunk))
+
+    def pause(self, seconds):
+        """Sleep ``seconds`` (emulated latency or pacing); when the server stops meanwhile, wake and hang up."""
+        if self.server.stopping.wait(seconds):
+            raise ConnectionAbortedError("the server stopped")
 
     def error_body(self, message):
         """``(content type, bytes)`` of an error answer."""
@@ -159,28 +175,39 @@ class _FileHandler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection (a daemon: one stuck past ``stop``'s wait cannot keep Python from exiting)."""
+
     request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops connections
 
     def __init__(self, served, handler, host, port):
         super().__init__((host, port), handler)
         self.served = served
-        self.connections = set()
+        self.stopping = threading.Event()  # wakes handlers sleeping on latency or pacing
+        self.connections = set()  # each one has a handler thread until shutdown_request
+        self.connections_changed = threading.Condition()
 
     def process_request(self, request, client_address):
-        self.connections.add(request)
+        with self.connections_changed:
+            self.connections.add(request)
         super().process_request(request, client_address)
 
     def shutdown_request(self, request):
-        self.connections.discard(request)
         super().shutdown_request(request)
+        with self.connections_changed:
+            self.connections.discard(request)
+            self.connections_changed.notify_all()
 
-    def close_connections(self):
-        """Hang up on every client, including idle keep-alive ones, so a stopped server serves nothing more."""
-        for connection in list(self.connections):
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already gone
+    def close_connections(self, timeout):
+        """Hang up on every client, idle keep-alive ones included, and wait up to ``timeout`` s for their handler
+        threads to end; True when they all did."""
+        self.stopping.set()
+        with self.connections_changed:
+            for connection in self.connections:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already gone
+            return self.connections_changed.wait_for(lambda: not self.connections, timeout)
 
     def handle_error(self, request, client_address):
         if self.served.verbose or not isinstance(sys.exc_info()[1], ConnectionError):
@@ -235,12 +262,14 @@ class _Served:
         self._thread.start()
         return self
 
-    def stop(self):
-        """Stop serving and free the port."""
+    def stop(self, timeout=5.0):
+        """Stop serving, hang up on every client, wait up to ``timeout`` s for requests in progress to end (a
+        request sleeping on ``latency`` or ``bandwidth`` ends at once), and free the port."""
         if self._server is None:
             return
         self._server.shutdown()
-        self._server.close_connections()
+        if not self._server.close_connections(timeout):
+            warnings.warn(f"{type(self).__name__}: requests still running {timeout} s after stop()", RuntimeWarning)
         self._server.server_close()
         self._thread.join()
         self._server = self._thread = None
@@ -270,7 +299,7 @@ class _Handler(_FileHandler):
     def answer(self, send_body):
         store = self.server.served
         store.count(requests=1)
-        time.sleep(store.latency)
+        self.pause(store.latency)
         path = resolve_inside(store.root, self.path)
         if path is None:
             return self.refuse(HTTPStatus.FORBIDDEN, f"refused: {self.path} names nothing inside the served folder")
@@ -280,8 +309,10 @@ class _Handler(_FileHandler):
 
 
 class NetworkStore(_Served):
-    """Serve ``root`` over HTTP on 127.0.0.1 from a background thread, with per-request ``latency`` (s)
-    and an optional per-response ``bandwidth`` cap (bytes/s). Counts ``requests`` and ``bytes_served``."""
+    """Serve ``root`` over HTTP on 127.0.0.1 from a background thread, with per-request ``latency`` (s) and an
+    optional ``bandwidth`` cap (bytes/s) per connection: each response is paced on its own, so parallel
+    downloads do not share the cap, and N at once move up to N × ``bandwidth``. Counts ``requests`` and
+    ``bytes_served``."""
 
     handler = _Handler
 
@@ -323,7 +354,7 @@ class _ServiceHandler(_FileHandler):
     def dispatch(self, method, **kwargs):
         service = self.server.served
         service.count(requests=1)
-        time.sleep(service.latency)
+        self.pause(service.latency)
         self.body_read = False
         try:
             method(self.parts(), **kwargs)
@@ -444,7 +475,7 @@ class _ServiceHandler(_FileHandler):
                 raise ConnectionError(f"the client sent {received:,} of the {length:,} bytes it declared")
             file.write(chunk)
             received += len(chunk)
-            wait_for_bandwidth(started, received, bandwidth)
+            self.pause(bandwidth_delay(started, received, bandwidth))
         self.body_read = True
 
 
@@ -501,23 +532,9 @@ class DatasetClient:
         return self.url + path + (urllib.parse.quote(file, safe="") if file is not None else "")
 
     def request(self, method, path, body=None, headers=None):
-        """``(status, body)`` of one request; any status of 400 or more raises ``ServiceError``."""
-        connection = self.http.connection()
-        for attempt in (1, 2):
-            try:
-                try:
-                    connection.request(method, "/" + path, body=body, headers=headers or {})
-                except ConnectionError:
-                    pass  # the server may have refused the body (413) and hung up while it was still being sent
-                response = connection.getresponse()
-                data = response.read()
-                break
-            except (http.client.HTTPException, ConnectionError) as error:
-                connection.close()  # e.g. an idle keep-alive connection the server dropped: reconnect once
-                if attempt == 2 or (body is not None and not isinstance(body, bytes)):
-                    raise ConnectionError(f"{method} {self.url}{path} failed: {error!r}") from error
-        if response.getheader("Connection", "").lower() == "close":
-            connection.close()
+        """``(status, body)`` of one request (``HttpClient.request`` says when it is repeated); any status of
+        400 or more raises ``ServiceError``."""
+        response, data = self.http.request(method, self.url + path, body, headers)
         if response.status >= 400:
             try:
                 message = json.loads(data)["error"]
