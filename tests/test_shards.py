@@ -182,3 +182,17 @@ def test_cli_errors_are_one_line_naming_the_shard(tmp_path, capsys):
         run(capsys, "list", str(tmp_path / "nothere.tar"))
     assert exit_info.value.code == 2
     assert "nothere.tar" in capsys.readouterr().err
+
+
+def test_cli_names_a_tar_with_a_negative_member_size(tmp_path, capsys):
+    path = tmp_path / "bad.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a.jpg")
+        info.pax_headers = {"size": "-512"}  # once read a.jpg twice (and -1536 went round in circles)
+        tar.addfile(info)
+    for argv in (["list", str(path)], ["list", "--members", str(path)], ["split", str(path), str(tmp_path / "out")]):
+        with pytest.raises(SystemExit) as exit_info:
+            run(capsys, *argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1
+        assert f"{path}: member 'a.jpg' at offset 1024 has a negative size (-512)" in err
