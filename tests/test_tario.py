@@ -8,12 +8,14 @@ import pytest
 import webdataset
 
 from packdata import tario
+from packdata.datasets import IndexedTarDataset
 from packdata.packing import pack_tar
 from packdata.tario import (
     BLOCK,
     StaleIndexError,
     TarFormatError,
     build_index,
+    index_members,
     iter_buffer,
     index_path,
     iter_members,
@@ -260,6 +262,33 @@ def test_a_pax_key_that_is_not_utf8_names_archive_and_offset(tmp_path):
     for reader in READERS.values():
         with pytest.raises(TarFormatError, match=f"{path}: malformed pax header at offset 0: 'utf-8' codec"):
             reader(path)
+
+
+def write_members(path, members):
+    """A ustar tar of ``members``, ``(name, data)`` pairs in order."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_indexing_refuses_a_member_name_seen_twice(tmp_path):
+    names = ["a.jpg", "a.cls", "b.jpg", "b.cls", "a.jpg", "a.cls"]
+    path = write_members(tmp_path / "t.tar", [(name, b"1") for name in names])
+    with pytest.raises(TarFormatError, match=f"{path}: duplicate member 'a.jpg', at offsets 0 and 4096"):
+        build_index(path)
+    with pytest.raises(TarFormatError, match="duplicate member 'a.jpg'"), path.open("rb") as file:
+        index_members(file)
+    with pytest.raises(TarFormatError, match="duplicate member 'a.jpg'"):
+        IndexedTarDataset(path)
+
+
+def test_a_label_that_is_not_a_number_names_the_archive_and_member(tmp_path):
+    path = write_members(tmp_path / "t.tar", [("a.jpg", b"not decoded yet"), ("a.cls", b"cat")])
+    with pytest.raises(ValueError, match=f"member 'a.cls' of {path} holds b'cat', not an integer label"):
+        IndexedTarDataset(path)
 
 
 @pytest.mark.parametrize("reader", READERS)

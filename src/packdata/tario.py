@@ -237,9 +237,17 @@ def iter_members(fileobj, name=None):
 
 
 def index_members(fileobj, name=None):
-    """``{member name: (data offset, size)}`` of every regular file, in archive order; a name that appears
-    twice maps to its last copy, as ``tarfile`` does."""
-    return {header.name: (offset, header.size) for header, offset in iter_members(fileobj, name) if header.is_file}
+    """``{member name: (data offset, size)}`` of every regular file, in archive order. A name that appears twice
+    raises ``TarFormatError`` (an index can point at only one copy, and streaming refuses it too)."""
+    members = {}
+    for header, offset in iter_members(fileobj, name):
+        if header.is_file:
+            if header.name in members:
+                archive = name or getattr(fileobj, "name", "<tar>")
+                raise TarFormatError(f"{archive}: duplicate member {header.name!r}, at offsets "
+                                     f"{members[header.name][0] - BLOCK} and {header.offset}")
+            members[header.name] = (offset, header.size)
+    return members
 
 
 def index_path(tar_path):
