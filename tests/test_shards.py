@@ -75,21 +75,28 @@ def test_a_map_style_torchvision_dataset_can_be_sharded(tmp_path):
     assert got == {f"{n:06d}": ((3, 16, 16), fake[n][1]) for n in range(12)}
 
 
-def test_an_interrupted_run_leaves_only_complete_shards(tiny_dataset, tmp_path, monkeypatch):
+def contents(folder):
+    """``{name: bytes}`` of everything in ``folder``, hidden files and folders included."""
+    return {p.name: p.read_bytes() if p.is_file() else "folder" for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("before", ["nothing", "an older set"])
+def test_an_interrupted_run_leaves_the_folder_as_it_was(tiny_dataset, tmp_path, monkeypatch, before):
+    if before == "an older set":
+        write_shards(tiny_dataset, tmp_path, maxcount=8, shuffle_seed=1, progress=False)
+    expected = contents(tmp_path)
     calls = []
 
     def failing(*args):
         calls.append(1)
-        if len(calls) == 20:
+        if len(calls) == 40:  # in the 2nd shard of 30
             raise KeyboardInterrupt
         return args[0]
 
     monkeypatch.setattr(shards, "encode_payload", failing)
     with pytest.raises(KeyboardInterrupt):
-        write_shards(tiny_dataset, tmp_path, maxcount=8, progress=False)
-    left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == ["train-000000.tar", "train-000001.tar"]
-    assert [describe_shard(str(tmp_path / name))["samples"] for name in left] == [8, 8]
+        write_shards(tiny_dataset, tmp_path, maxcount=30, progress=False)
+    assert contents(tmp_path) == expected
 
 
 def test_rewriting_with_fewer_shards_removes_the_stale_ones(tiny_dataset, tmp_path):
@@ -119,6 +126,42 @@ def test_split_keeps_samples_whole_and_leaves_the_manifest_out(tiny_dataset, tmp
     got = samples_of(i.path for i in infos)
     assert TAR_MANIFEST not in got and list(got) == sorted(got)
     assert all(set(members) == {"jpg", "cls"} for members in got.values())
+
+
+def test_splitting_an_empty_tar_is_refused_and_removes_nothing(written, tmp_path):
+    empty = tmp_path / "empty.tar"
+    tarfile.open(empty, "w").close()
+    out = tmp_path / "out"
+    split_tar(written[1][0].path, out, maxcount=3)
+    expected = contents(out)
+    with pytest.raises(ValueError, match=f"{empty} holds no samples"):
+        split_tar(empty, out, maxcount=3)
+    with pytest.raises(ValueError, match="no samples to write into"):
+        ShardWriter(out, maxcount=3).close()
+    assert contents(out) == expected and len(expected) == 3
+
+
+def test_a_split_that_fails_part_way_leaves_the_old_shards_as_they_were(written, tmp_path):
+    bad = tmp_path / "bad.tar"
+    samples = list(iter_shard_samples([str(i.path) for i in written[1]]))
+    with bad.open("wb") as file:  # 31 samples, the last one's key already used by the 4th
+        for sample in [*samples[:30], samples[3]]:
+            file.write(shards.sample_bytes(sample["__key__"], shards.members_of(sample)))
+        file.write(bytes(1024))
+    out = tmp_path / "out"
+    split_tar(written[1][-1].path, out, maxcount=1)
+    expected = contents(out)
+    with pytest.raises(ValueError, match=f"{bad}: duplicate key {samples[3]['__key__']!r}"):
+        split_tar(bad, out, maxcount=8)  # fails in its 4th shard
+    assert contents(out) == expected and len(expected) == 4
+
+
+def test_cat_into_a_folder_is_refused_before_writing_anything(written, tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match=f"{folder} is a folder"):
+        cat_shards([str(written[1][0].path)], folder)
+    assert contents(tmp_path) == {"folder": "folder"} and contents(folder) == {}
 
 
 def test_cat_then_split_gives_the_shards_back(written, tmp_path):

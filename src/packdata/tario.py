@@ -40,6 +40,8 @@ INDEX_FORMAT = ("packdata-tar-index", 1)
 def written_atomically(path):
     """Yield a binary file that becomes ``path`` only when the block succeeds; otherwise nothing is left."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
     try:
