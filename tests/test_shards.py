@@ -8,6 +8,7 @@ import torchvision
 import webdataset
 
 from packdata import cli, data, shards
+from packdata.remote import map_shards, resize_sample, stage
 from packdata.packing import TAR_MANIFEST, pack_tar
 from packdata.shards import ShardWriter, cat_shards, describe_shard, iter_shard_samples, split_tar, write_shards
 from packdata.streaming import ShardDataset
@@ -183,6 +184,27 @@ def test_a_truncated_shard_is_named(written, tmp_path):
     cut.write_bytes(written[1][0].path.read_bytes()[:3000])
     with pytest.raises(TarFormatError, match="cut.tar is truncated"):
         describe_shard(str(cut))
+
+
+def test_staging_keeps_each_shards_file_name(written, tmp_path):
+    sources = [str(i.path) for i in written[1][:2]]
+    staged = stage(sources, tmp_path / "scratch", threads=2, progress=False)
+    assert [p.name for p in staged] == ["train-000000.tar", "train-000001.tar"]
+    assert [p.read_bytes() for p in staged] == [i.path.read_bytes() for i in written[1][:2]]
+
+
+def test_two_shards_of_the_same_file_name_are_refused_not_merged(written, tmp_path):
+    sources = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        sources.append(tmp_path / folder / "train-000000.tar")
+        sources[-1].write_bytes(written[1][len(sources)].path.read_bytes())
+    expected = f"{sources[0]} and {sources[1]} would both become {tmp_path / 'out' / 'train-000000.tar'}"
+    with pytest.raises(ValueError, match=expected):
+        stage(sources, tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match=expected):
+        map_shards(resize_sample, sources, tmp_path / "out", processes=1, progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 # --- the command line ------------------------------------------------------------------------------
