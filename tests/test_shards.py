@@ -179,6 +179,15 @@ def test_cat_refuses_duplicate_keys_and_writes_nothing(written, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_describe_shard_counts_samples_and_lists_every_member(written):
+    path = written[1][-1].path
+    with tarfile.open(path) as tar:
+        expected = [(member.name, member.size) for member in tar.getmembers()]
+    info = describe_shard(str(path))
+    assert (info["samples"], info["members"], info["bytes"]) == (4, 8, path.stat().st_size)
+    assert info["extensions"] == {"cls": 4, "jpg": 4} and info["member_sizes"] == expected
+
+
 def test_a_truncated_shard_is_named(written, tmp_path):
     cut = tmp_path / "cut.tar"
     cut.write_bytes(written[1][0].path.read_bytes()[:3000])

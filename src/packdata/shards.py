@@ -7,7 +7,8 @@
 
 A set of shards appears only once all of it is written: the shards are written into a hidden folder, then moved
 into place, and older shards of the same prefix beyond the new set removed; a failed run leaves the old set as it
-was. A sample never straddles two shards. Members use ``pack_tar``'s conventions: ustar headers with fixed owner and time.
+was. A sample never straddles two shards. Members use ``pack_tar``'s conventions: ustar headers with fixed owner
+and time.
 """
 
 import operator
@@ -25,7 +26,7 @@ from tqdm import tqdm
 from .data import as_pil, encode_jpeg, load_manifest
 from .packing import END_OF_TAR, checked_suffix, tar_member, encode_payload
 from .streaming import IMAGE_EXTENSIONS, expand_shards, group_samples, is_meta, raise_now, read_shard
-from .tario import iter_buffer, scan_buffer, written_atomically
+from .tario import scan_buffer, written_atomically
 
 SHARD_NAME = "{prefix}-{index:06d}.tar"
 
@@ -210,11 +211,17 @@ def write_shards(source, out_dir, *, prefix="train", maxcount=1000, maxsize=None
 # --- working with shards that exist ----------------------------------------------------------------
 
 
+def _samples_in(data, shard, members):
+    """The samples of the shard read whole into ``data``, given its ``scan_buffer`` ``members``."""
+    named = ((name, data[start:start + size]) for name, start, size in members if not is_meta(name))
+    return group_samples(named, shard, raise_now)
+
+
 def iter_shard_samples(shards):
     """The samples (``{"__key__", "__url__", ext: bytes}``) of each shard in turn; problems raise, naming the shard."""
     for shard in expand_shards(shards):
-        members = (item for item in iter_buffer(read_shard(shard), shard) if not is_meta(item[0]))
-        yield from group_samples(members, shard, raise_now)
+        data = read_shard(shard)
+        yield from _samples_in(data, shard, scan_buffer(data, shard))
 
 
 def members_of(sample):
@@ -250,12 +257,16 @@ def cat_shards(shards, output):
 
 
 def describe_shard(shard):
-    """``{"shard", "samples", "members", "bytes", "extensions": {ext: count}}`` of one shard."""
+    """``{"shard", "samples", "members", "bytes", "extensions": {ext: count}, "member_sizes": [(name, size)]}`` of
+    one shard, from one read of it; ``member_sizes`` lists every regular file, ``__manifest__``-like ones too."""
     data = read_shard(shard)
-    samples = list(group_samples(((n, b) for n, b in iter_buffer(data, shard) if not is_meta(n)), shard, raise_now))
-    extensions = Counter(extension for sample in samples for extension in members_of(sample))
-    return {"shard": shard, "samples": len(samples), "members": sum(extensions.values()), "bytes": len(data),
-            "extensions": dict(sorted(extensions.items()))}
+    members = scan_buffer(data, shard)
+    samples, extensions = 0, Counter()
+    for sample in _samples_in(data, shard, members):
+        samples += 1
+        extensions.update(members_of(sample).keys())
+    return {"shard": shard, "samples": samples, "members": sum(extensions.values()), "bytes": len(data),
+            "extensions": dict(sorted(extensions.items())), "member_sizes": [(name, size) for name, _, size in members]}
 
 
 def format_shard(info):
