@@ -8,6 +8,7 @@ import torchvision
 import webdataset
 
 from packdata import cli, data, shards
+from packdata.remote import map_shards, resize_sample, stage
 from packdata.packing import TAR_MANIFEST, pack_tar
 from packdata.shards import ShardWriter, cat_shards, describe_shard, iter_shard_samples, split_tar, write_shards
 from packdata.streaming import ShardDataset
@@ -75,21 +76,28 @@ def test_a_map_style_torchvision_dataset_can_be_sharded(tmp_path):
     assert got == {f"{n:06d}": ((3, 16, 16), fake[n][1]) for n in range(12)}
 
 
-def test_an_interrupted_run_leaves_only_complete_shards(tiny_dataset, tmp_path, monkeypatch):
+def contents(folder):
+    """``{name: bytes}`` of everything in ``folder``, hidden files and folders included."""
+    return {p.name: p.read_bytes() if p.is_file() else "folder" for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("before", ["nothing", "an older set"])
+def test_an_interrupted_run_leaves_the_folder_as_it_was(tiny_dataset, tmp_path, monkeypatch, before):
+    if before == "an older set":
+        write_shards(tiny_dataset, tmp_path, maxcount=8, shuffle_seed=1, progress=False)
+    expected = contents(tmp_path)
     calls = []
 
     def failing(*args):
         calls.append(1)
-        if len(calls) == 20:
+        if len(calls) == 40:  # in the 2nd shard of 30
             raise KeyboardInterrupt
         return args[0]
 
     monkeypatch.setattr(shards, "encode_payload", failing)
     with pytest.raises(KeyboardInterrupt):
-        write_shards(tiny_dataset, tmp_path, maxcount=8, progress=False)
-    left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == ["train-000000.tar", "train-000001.tar"]
-    assert [describe_shard(str(tmp_path / name))["samples"] for name in left] == [8, 8]
+        write_shards(tiny_dataset, tmp_path, maxcount=30, progress=False)
+    assert contents(tmp_path) == expected
 
 
 def test_rewriting_with_fewer_shards_removes_the_stale_ones(tiny_dataset, tmp_path):
@@ -121,6 +129,42 @@ def test_split_keeps_samples_whole_and_leaves_the_manifest_out(tiny_dataset, tmp
     assert all(set(members) == {"jpg", "cls"} for members in got.values())
 
 
+def test_splitting_an_empty_tar_is_refused_and_removes_nothing(written, tmp_path):
+    empty = tmp_path / "empty.tar"
+    tarfile.open(empty, "w").close()
+    out = tmp_path / "out"
+    split_tar(written[1][0].path, out, maxcount=3)
+    expected = contents(out)
+    with pytest.raises(ValueError, match=f"{empty} holds no samples"):
+        split_tar(empty, out, maxcount=3)
+    with pytest.raises(ValueError, match="no samples to write into"):
+        ShardWriter(out, maxcount=3).close()
+    assert contents(out) == expected and len(expected) == 3
+
+
+def test_a_split_that_fails_part_way_leaves_the_old_shards_as_they_were(written, tmp_path):
+    bad = tmp_path / "bad.tar"
+    samples = list(iter_shard_samples([str(i.path) for i in written[1]]))
+    with bad.open("wb") as file:  # 31 samples, the last one's key already used by the 4th
+        for sample in [*samples[:30], samples[3]]:
+            file.write(shards.sample_bytes(sample["__key__"], shards.members_of(sample)))
+        file.write(bytes(1024))
+    out = tmp_path / "out"
+    split_tar(written[1][-1].path, out, maxcount=1)
+    expected = contents(out)
+    with pytest.raises(ValueError, match=f"{bad}: duplicate key {samples[3]['__key__']!r}"):
+        split_tar(bad, out, maxcount=8)  # fails in its 4th shard
+    assert contents(out) == expected and len(expected) == 4
+
+
+def test_cat_into_a_folder_is_refused_before_writing_anything(written, tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match=f"{folder} is a folder"):
+        cat_shards([str(written[1][0].path)], folder)
+    assert contents(tmp_path) == {"folder": "folder"} and contents(folder) == {}
+
+
 def test_cat_then_split_gives_the_shards_back(written, tmp_path):
     joined = cat_shards([str(i.path) for i in written[1]], tmp_path / "all.tar")
     assert joined.samples == 60 and joined.bytes == joined.path.stat().st_size
@@ -135,11 +179,41 @@ def test_cat_refuses_duplicate_keys_and_writes_nothing(written, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_describe_shard_counts_samples_and_lists_every_member(written):
+    path = written[1][-1].path
+    with tarfile.open(path) as tar:
+        expected = [(member.name, member.size) for member in tar.getmembers()]
+    info = describe_shard(str(path))
+    assert (info["samples"], info["members"], info["bytes"]) == (4, 8, path.stat().st_size)
+    assert info["extensions"] == {"cls": 4, "jpg": 4} and info["member_sizes"] == expected
+
+
 def test_a_truncated_shard_is_named(written, tmp_path):
     cut = tmp_path / "cut.tar"
     cut.write_bytes(written[1][0].path.read_bytes()[:3000])
     with pytest.raises(TarFormatError, match="cut.tar is truncated"):
         describe_shard(str(cut))
+
+
+def test_staging_keeps_each_shards_file_name(written, tmp_path):
+    sources = [str(i.path) for i in written[1][:2]]
+    staged = stage(sources, tmp_path / "scratch", threads=2, progress=False)
+    assert [p.name for p in staged] == ["train-000000.tar", "train-000001.tar"]
+    assert [p.read_bytes() for p in staged] == [i.path.read_bytes() for i in written[1][:2]]
+
+
+def test_two_shards_of_the_same_file_name_are_refused_not_merged(written, tmp_path):
+    sources = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        sources.append(tmp_path / folder / "train-000000.tar")
+        sources[-1].write_bytes(written[1][len(sources)].path.read_bytes())
+    expected = f"{sources[0]} and {sources[1]} would both become {tmp_path / 'out' / 'train-000000.tar'}"
+    with pytest.raises(ValueError, match=expected):
+        stage(sources, tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match=expected):
+        map_shards(resize_sample, sources, tmp_path / "out", processes=1, progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 # --- the command line ------------------------------------------------------------------------------
@@ -182,3 +256,17 @@ def test_cli_errors_are_one_line_naming_the_shard(tmp_path, capsys):
         run(capsys, "list", str(tmp_path / "nothere.tar"))
     assert exit_info.value.code == 2
     assert "nothere.tar" in capsys.readouterr().err
+
+
+def test_cli_names_a_tar_with_a_negative_member_size(tmp_path, capsys):
+    path = tmp_path / "bad.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a.jpg")
+        info.pax_headers = {"size": "-512"}  # once read a.jpg twice (and -1536 went round in circles)
+        tar.addfile(info)
+    for argv in (["list", str(path)], ["list", "--members", str(path)], ["split", str(path), str(tmp_path / "out")]):
+        with pytest.raises(SystemExit) as exit_info:
+            run(capsys, *argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1
+        assert f"{path}: member 'a.jpg' at offset 1024 has a negative size (-512)" in err

@@ -1,4 +1,5 @@
 import io
+import itertools
 import json
 import os
 import tarfile
@@ -7,17 +8,20 @@ import pytest
 import webdataset
 
 from packdata import tario
+from packdata.datasets import IndexedTarDataset
 from packdata.packing import pack_tar
 from packdata.tario import (
     BLOCK,
     StaleIndexError,
     TarFormatError,
     build_index,
+    index_members,
+    iter_buffer,
     index_path,
-    iter_files,
     iter_members,
     load_index,
     parse_header,
+    scan_buffer,
 )
 
 LONG_NAME = "deep/" * 30 + "sample.jpg"  # 160 characters: more than ustar's 100-byte name field
@@ -89,14 +93,12 @@ def test_gnu_base256_numbers(tmp_path):
         assert next(iter_members(file))[0].uid == 8**8
 
 
-def test_files_come_with_their_data_also_from_a_stream(tmp_path):
+def test_members_come_with_their_data_also_from_a_stream(tmp_path):
     path = write_tar(tmp_path / "t.tar", tarfile.PAX_FORMAT)
     with tarfile.open(path) as tar:
         expected = [(i.name, tar.extractfile(i).read()) for i in tar.getmembers() if i.isfile()]
-    with path.open("rb") as file:
-        assert list(iter_files(file)) == expected
-    assert list(iter_files(Stream(path.read_bytes()), name="stream")) == expected
-    assert [h.name for h, _ in iter_members(Stream(path.read_bytes()))] == [row[0] for row in as_tarfile_sees_it(path)]
+    assert list(iter_buffer(path.read_bytes())) == expected
+    assert as_we_see_it(Stream(path.read_bytes()), name="stream") == as_tarfile_sees_it(path)
 
 
 def test_a_webdataset_shard_is_read_like_tarfile_reads_it(tmp_path):
@@ -205,3 +207,93 @@ def test_a_malformed_pax_header_names_archive_and_offset(tmp_path):
         tar.addfile(tarfile.TarInfo("a.txt"))
     with path.open("rb") as file, pytest.raises(TarFormatError, match=f"{path}: malformed pax header at offset 0"):
         list(iter_members(file))
+
+
+def write_pax_tar(path, records, names=("a.jpg", "b.jpg")):
+    """A pax tar of ``names`` (3 bytes each) whose first member's pax header holds ``records``."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for index, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = 3, records if index == 0 else {}
+            tar.addfile(info, io.BytesIO(b"abc"))
+    return path
+
+
+def read_file(path):
+    with path.open("rb") as file:
+        return list(itertools.islice(iter_members(file), 10))  # a walk going round in circles stops at 10 members
+
+
+READERS = {
+    "buffer": lambda path: scan_buffer(path.read_bytes(), str(path)),
+    "file": read_file,
+    "stream": lambda path: list(itertools.islice(iter_members(Stream(path.read_bytes()), str(path)), 10)),
+}
+
+
+@pytest.mark.parametrize("size, reader", [(-512, "buffer"), (-512, "file"), (-512, "stream"),
+                                          (-1536, "file"), (-1536, "stream")])  # -1536, "buffer": a hang if broken
+def test_a_negative_size_is_refused_not_walked_backwards(tmp_path, size, reader):
+    path = write_pax_tar(tmp_path / "t.tar", {"size": str(size)})  # the pax header at 0, a.jpg's header at 1024
+    with pytest.raises(TarFormatError, match=fr"{path}: member 'a.jpg' at offset 1024 has a negative size \({size}\)"):
+        READERS[reader](path)
+
+
+@pytest.mark.parametrize("records, expected", [
+    ({"size": "abc"}, r"bad pax record size='abc' in the header at offset 0: invalid literal for int"),
+    ({"mtime": "soon"}, r"bad pax record mtime='soon' in the header at offset 0: could not convert"),
+])
+@pytest.mark.parametrize("reader", READERS)
+def test_a_bad_pax_value_names_archive_and_offset(tmp_path, records, expected, reader):
+    path = write_pax_tar(tmp_path / "t.tar", records)
+    with pytest.raises(TarFormatError, match=f"{path}: {expected}"):
+        READERS[reader](path)
+
+
+def test_a_pax_key_that_is_not_utf8_names_archive_and_offset(tmp_path):
+    path = tmp_path / "t.tar"
+    record = b" \xffkey=value\n"
+    record = str(len(record) + 2).encode() + record  # the length counts its own two digits
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        pax = tarfile.TarInfo("pax")
+        pax.type, pax.size = tarfile.XHDTYPE, len(record)
+        tar.addfile(pax, io.BytesIO(record))
+        tar.addfile(tarfile.TarInfo("a.txt"))
+    for reader in READERS.values():
+        with pytest.raises(TarFormatError, match=f"{path}: malformed pax header at offset 0: 'utf-8' codec"):
+            reader(path)
+
+
+def write_members(path, members):
+    """A ustar tar of ``members``, ``(name, data)`` pairs in order."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_indexing_refuses_a_member_name_seen_twice(tmp_path):
+    names = ["a.jpg", "a.cls", "b.jpg", "b.cls", "a.jpg", "a.cls"]
+    path = write_members(tmp_path / "t.tar", [(name, b"1") for name in names])
+    with pytest.raises(TarFormatError, match=f"{path}: duplicate member 'a.jpg', at offsets 0 and 4096"):
+        build_index(path)
+    with pytest.raises(TarFormatError, match="duplicate member 'a.jpg'"), path.open("rb") as file:
+        index_members(file)
+    with pytest.raises(TarFormatError, match="duplicate member 'a.jpg'"):
+        IndexedTarDataset(path)
+
+
+def test_a_label_that_is_not_a_number_names_the_archive_and_member(tmp_path):
+    path = write_members(tmp_path / "t.tar", [("a.jpg", b"not decoded yet"), ("a.cls", b"cat")])
+    with pytest.raises(ValueError, match=f"member 'a.cls' of {path} holds b'cat', not an integer label"):
+        IndexedTarDataset(path)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_size_past_any_end_is_a_truncated_tar_even_from_a_stream(tmp_path, reader):
+    path = write_pax_tar(tmp_path / "t.tar", {"size": str(10**30)})  # a stream reads up to its end, then says so
+    expected = f"{path} is truncated: member 'a.jpg' at offset 1024 needs {10**30} bytes"
+    with pytest.raises(TarFormatError, match=expected):
+        READERS[reader](path)

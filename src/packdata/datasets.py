@@ -436,7 +436,12 @@ class IndexedTarDataset(EncodedImageDataset):
         for name in self.members:
             key, extension = split_member(name)
             if extension == "cls":
-                labels[key] = int(self.read_member(name))
+                text = self.read_member(name)
+                try:
+                    labels[key] = int(text)
+                except ValueError:
+                    raise ValueError(f"{member_of(self.tar_path, name)} holds {text[:20]!r}, "
+                                     "not an integer label") from None
         return None, labels, "a .cls member"
 
     def read_member(self, name):

@@ -90,12 +90,25 @@ def _download(url, target):
     return target
 
 
+def _local_targets(shards, folder):
+    """``folder / <file name>`` of each shard path or URL, in order. Two shards with the same file name (from
+    different folders) would overwrite each other there: that raises ``ValueError`` naming both."""
+    targets = {}
+    for shard in shards:
+        target = Path(folder) / Path(urllib.parse.urlsplit(shard).path).name
+        if target in targets:
+            raise ValueError(f"{targets[target]} and {shard} would both become {target}: give the shards "
+                             "distinct file names, or use one folder for each")
+        targets[target] = shard
+    return list(targets)
+
+
 def stage(urls, scratch, threads=4, progress=True):
     """Copy shards (``http://`` URLs, a brace pattern or paths) into the local folder ``scratch``, in parallel;
-    files already there are kept. Returns the local paths in order."""
-    scratch = Path(scratch)
+    files already there are kept. Returns the local paths in order. Each keeps its file name, so two shards
+    with the same name (in different folders) are refused."""
     urls = expand_shards(urls)
-    targets = [scratch / Path(urllib.parse.urlsplit(url).path).name for url in urls]
+    targets = _local_targets(urls, scratch)
     missing = [(url, target) for url, target in zip(urls, targets) if not target.exists()]
     _in_threads(lambda pair: _download(*pair), missing, threads, "staging", progress)
     return targets
@@ -129,14 +142,15 @@ def map_shard(function, shard, target):
 
 
 def map_shards(function, shards, out_dir, processes=2, progress=True):
-    """Run ``map_shard`` on every shard in ``processes`` processes, each output named like its input in ``out_dir``.
+    """Run ``map_shard`` on every shard in ``processes`` processes, each output named like its input in ``out_dir``
+    (two inputs with the same file name, in different folders, are refused).
 
     ``function`` must be picklable (a module-level function, or a ``functools.partial`` of one). Each shard is an
     independent task, which is what lets a cluster engine run the same function on many machines. Returns the
     ``(path, samples)`` of each output shard, in input order.
     """
-    shards, out_dir = expand_shards(shards), Path(out_dir)
-    targets = [out_dir / Path(urllib.parse.urlsplit(shard).path).name for shard in shards]
+    shards = expand_shards(shards)
+    targets = _local_targets(shards, out_dir)
     with ProcessPoolExecutor(processes) as pool:
         futures = {pool.submit(map_shard, function, shard, target): i for i, (shard, target) in
                    enumerate(zip(shards, targets))}

@@ -5,11 +5,16 @@
     split_tar("train.tar", "data/shards", maxsize=10e6)     # one big tar into shards, samples kept whole
     cat_shards(["a.tar", "b.tar"], "ab.tar")                # shards into one
 
-Every shard appears under its name only once it is complete (``tario.written_atomically``); a sample never
-straddles two shards. Members use ``pack_tar``'s conventions: ustar headers with fixed owner and time.
+A set of shards appears only once all of it is written: the shards are written into a hidden folder, then moved
+into place, and older shards of the same prefix beyond the new set removed; a failed run leaves the old set as it
+was. A sample never straddles two shards. Members use ``pack_tar``'s conventions: ustar headers with fixed owner
+and time.
 """
 
 import operator
+import os
+import shutil
+import tempfile
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +26,7 @@ from tqdm import tqdm
 from .data import as_pil, encode_jpeg, load_manifest
 from .packing import END_OF_TAR, checked_suffix, tar_member, encode_payload
 from .streaming import IMAGE_EXTENSIONS, expand_shards, group_samples, is_meta, raise_now, read_shard
-from .tario import iter_buffer, scan_buffer, written_atomically
+from .tario import scan_buffer, written_atomically
 
 SHARD_NAME = "{prefix}-{index:06d}.tar"
 
@@ -42,14 +47,19 @@ def sample_bytes(key, members):
 
 class ShardWriter:
     """Write samples into ``out_dir/<prefix>-000000.tar``, ``-000001.tar``, …: a sample goes into the next shard
-    when the current one holds ``maxcount`` samples or the sample would take it past ``maxsize`` bytes."""
+    when the current one holds ``maxcount`` samples or the sample would take it past ``maxsize`` bytes.
+
+    The new set replaces the old one as a whole: the shards are written into a hidden folder in ``out_dir``
+    and moved into place by ``close`` (then the old ``<prefix>-NNNNNN.tar`` beyond them removed). On an error,
+    or with no sample written, ``out_dir`` is left as it was. (A crash during those final moves can still mix
+    the two sets: renaming many files at once is not atomic.)"""
 
     def __init__(self, out_dir, prefix="train", maxcount=1000, maxsize=None):
         if maxcount < 1 or (maxsize is not None and maxsize <= 0):
             raise ValueError(f"maxcount must be at least 1 and maxsize positive, got {maxcount} and {maxsize}")
         self.out_dir, self.prefix, self.maxcount, self.maxsize = Path(out_dir), prefix, maxcount, maxsize
         self.shards = []
-        self._writing = self._file = None
+        self._staging = self._writing = self._file = None
         self._samples = self._bytes = 0
 
     def write(self, key, members):
@@ -65,8 +75,11 @@ class ShardWriter:
 
     def _next_shard(self):
         self._finish()
+        if self._staging is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._staging = Path(tempfile.mkdtemp(prefix=f".{self.prefix}.partial-", dir=self.out_dir))
         path = self.out_dir / SHARD_NAME.format(prefix=self.prefix, index=len(self.shards))
-        self._writing = written_atomically(path)
+        self._writing = written_atomically(self._staging / path.name)
         self._file, self._samples, self._bytes = self._writing.__enter__(), 0, 0
         self.shards.append(ShardInfo(path, 0, 0))
 
@@ -83,13 +96,27 @@ class ShardWriter:
         self._writing = self._file = None
 
     def close(self):
-        """Finish the last shard, and remove older ``<prefix>-NNNNNN.tar`` files beyond the ones just written."""
+        """Finish the last shard, move the new shards into place, and remove older ``<prefix>-NNNNNN.tar`` files
+        beyond them. Writing no sample at all is an error (it would leave no shard), and changes nothing."""
+        if not self.shards:
+            raise ValueError(f"no samples to write into {self.out_dir}: refusing to replace its "
+                             f"{self.prefix}-NNNNNN.tar shards with none")
         self._finish()
+        for info in self.shards:
+            os.replace(self._staging / info.path.name, info.path)
+        self._staging.rmdir()
         written = {info.path for info in self.shards}
         for stale in self.out_dir.glob(f"{self.prefix}-[0-9][0-9][0-9][0-9][0-9][0-9].tar"):
             if stale not in written:
                 stale.unlink()
         return self.shards
+
+    def _abort(self, error):
+        """Drop everything written so far, leaving ``out_dir`` as it was."""
+        self._finish(error)
+        if self._staging is not None:
+            shutil.rmtree(self._staging)
+        self.shards, self._staging = [], None
 
     def __enter__(self):
         return self
@@ -98,7 +125,7 @@ class ShardWriter:
         if error is None:
             self.close()
         else:
-            self._finish(error)
+            self._abort(error)
 
 
 # --- what to write ---------------------------------------------------------------------------------
@@ -184,11 +211,17 @@ def write_shards(source, out_dir, *, prefix="train", maxcount=1000, maxsize=None
 # --- working with shards that exist ----------------------------------------------------------------
 
 
+def _samples_in(data, shard, members):
+    """The samples of the shard read whole into ``data``, given its ``scan_buffer`` ``members``."""
+    named = ((name, data[start:start + size]) for name, start, size in members if not is_meta(name))
+    return group_samples(named, shard, raise_now)
+
+
 def iter_shard_samples(shards):
     """The samples (``{"__key__", "__url__", ext: bytes}``) of each shard in turn; problems raise, naming the shard."""
     for shard in expand_shards(shards):
-        members = (item for item in iter_buffer(read_shard(shard), shard) if not is_meta(item[0]))
-        yield from group_samples(members, shard, raise_now)
+        data = read_shard(shard)
+        yield from _samples_in(data, shard, scan_buffer(data, shard))
 
 
 def members_of(sample):
@@ -202,6 +235,8 @@ def split_tar(tar, out_dir, *, prefix="train", maxcount=1000, maxsize=None):
     with ShardWriter(out_dir, prefix, maxcount, maxsize) as writer:
         for sample in iter_shard_samples([tar]):
             writer.write(sample["__key__"], members_of(sample))
+        if not writer.shards:
+            raise ValueError(f"{tar} holds no samples: nothing to split")
     return writer.shards
 
 
@@ -222,12 +257,16 @@ def cat_shards(shards, output):
 
 
 def describe_shard(shard):
-    """``{"shard", "samples", "members", "bytes", "extensions": {ext: count}}`` of one shard."""
+    """``{"shard", "samples", "members", "bytes", "extensions": {ext: count}, "member_sizes": [(name, size)]}`` of
+    one shard, from one read of it; ``member_sizes`` lists every regular file, ``__manifest__``-like ones too."""
     data = read_shard(shard)
-    samples = list(group_samples(((n, b) for n, b in iter_buffer(data, shard) if not is_meta(n)), shard, raise_now))
-    extensions = Counter(extension for sample in samples for extension in members_of(sample))
-    return {"shard": shard, "samples": len(samples), "members": sum(extensions.values()), "bytes": len(data),
-            "extensions": dict(sorted(extensions.items()))}
+    members = scan_buffer(data, shard)
+    samples, extensions = 0, Counter()
+    for sample in _samples_in(data, shard, members):
+        samples += 1
+        extensions.update(members_of(sample).keys())
+    return {"shard": shard, "samples": samples, "members": sum(extensions.values()), "bytes": len(data),
+            "extensions": dict(sorted(extensions.items())), "member_sizes": [(name, size) for name, _, size in members]}
 
 
 def format_shard(info):

@@ -29,6 +29,7 @@ EXTENSION_TYPES = (*PAX_TYPES, *GNU_LONG_TYPES)
 GLOBAL_PAX_TYPE = "g"  # global extended header: read past, not applied
 PAX_FIELDS = {"path": ("name", str), "linkpath": ("linkname", str), "size": ("size", int), "mtime": ("mtime", float)}
 INDEX_SUFFIX = ".idx.json"
+READ_LIMIT = 1 << 24  # bytes per read from a stream: a corrupt size of 10**30 then reads to the end, not overflows
 INDEX_FORMAT = ("packdata-tar-index", 1)
 
 
@@ -39,11 +40,15 @@ INDEX_FORMAT = ("packdata-tar-index", 1)
 def written_atomically(path):
     """Yield a binary file that becomes ``path`` only when the block succeeds; otherwise nothing is left."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as file:
             yield file
+            file.flush()
+            os.fsync(file.fileno())  # on disk before the rename: after a crash the name never holds a partial file
         os.chmod(temporary, 0o644)  # mkstemp makes it private; an archive should be readable like any file
         os.replace(temporary, path)
     except BaseException:
@@ -148,9 +153,10 @@ def parse_pax(data, archive="<tar>", offset=0):
             if length < 1 or not record.endswith(b"\n"):
                 raise ValueError(f"record length {length} does not end a record")
             key, value = record[record.index(b" ") + 1:-1].split(b"=", 1)
-        except ValueError as error:
+            key = key.decode("utf-8")  # keys are UTF-8 by the standard; values may hold any bytes
+        except ValueError as error:  # UnicodeDecodeError included
             raise TarFormatError(f"{archive}: malformed pax header at offset {offset}: {error}") from error
-        records[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+        records[key] = value.decode("utf-8", "surrogateescape")
         position += length
     return records
 
@@ -159,8 +165,15 @@ def _overrides(header, data, archive):
     """The fields an extension header (pax or GNU long name) sets on the member that follows it."""
     if header.typeflag in GNU_LONG_TYPES:
         return {GNU_LONG_TYPES[header.typeflag]: _text(data)}
-    records = parse_pax(data, archive, header.offset)
-    return {field: kind(records[key]) for key, (field, kind) in PAX_FIELDS.items() if key in records}
+    records, overrides = parse_pax(data, archive, header.offset), {}
+    for key, (field, kind) in PAX_FIELDS.items():
+        if key in records:
+            try:
+                overrides[field] = kind(records[key])
+            except ValueError as error:
+                raise TarFormatError(f"{archive}: bad pax record {key}={records[key]!r} in the header at offset "
+                                     f"{header.offset}: {error}") from None
+    return overrides
 
 
 # --- walking an archive ----------------------------------------------------------------------------
@@ -170,10 +183,14 @@ def _truncated(archive, what, needed, left):
     return TarFormatError(f"{archive} is truncated: {what} needs {needed} bytes, only {left} are left")
 
 
+def _negative_size(archive, member, size):
+    return TarFormatError(f"{archive}: {member} has a negative size ({size}): the header is corrupt")
+
+
 def _read_exactly(fileobj, count, archive, what):
     chunks, missing = [], count
     while missing:  # a pipe or a socket may return less than asked for before its end
-        chunk = fileobj.read(missing)
+        chunk = fileobj.read(min(missing, READ_LIMIT))
         if not chunk:
             raise _truncated(archive, what, count, count - missing)
         chunks.append(chunk)
@@ -181,10 +198,13 @@ def _read_exactly(fileobj, count, archive, what):
     return b"".join(chunks)
 
 
-def _walk(fileobj, archive, read_data):
-    """Yield ``(header, data or None)`` per member, extension headers applied; the data is read only when
-    ``read_data`` or the file cannot seek. Every member must end inside the file, and the archive with a
-    zero block; otherwise ``TarFormatError`` names the archive and the member."""
+def iter_members(fileobj, name=None):
+    """Yield ``(header, data_offset)`` for every member of the tar in ``fileobj``, extension headers applied, without
+    reading any data when the file can seek. ``name`` (default: ``fileobj.name``) is the archive's name in errors.
+
+    Every member must have a size of at least zero and end inside the file, and the archive must end with a zero
+    block; otherwise ``TarFormatError`` names the archive and the member."""
+    archive = name or getattr(fileobj, "name", "<tar>")
     seekable = fileobj.seekable()
     position = fileobj.tell() if seekable else 0
     end = fileobj.seek(0, os.SEEK_END) if seekable else None
@@ -199,10 +219,12 @@ def _walk(fileobj, archive, read_data):
             return
         header = replace(header, **overrides)
         member = f"member {header.name!r} at offset {header.offset}"
+        if header.size < 0:  # it would send the walk back to a header it has read, and round forever
+            raise _negative_size(archive, member, header.size)
         if seekable and header.data_offset + header.size > end:
             raise _truncated(archive, member, header.size, max(end - header.data_offset, 0))
         is_meta = header.typeflag in EXTENSION_TYPES or header.typeflag == GLOBAL_PAX_TYPE
-        data = _read_exactly(fileobj, header.size, archive, member) if is_meta or read_data or not seekable else None
+        data = _read_exactly(fileobj, header.size, archive, member) if is_meta or not seekable else None
         position = header.data_offset + header.size + -header.size % BLOCK
         if not seekable:
             _read_exactly(fileobj, -header.size % BLOCK, archive, f"the padding of {member}")
@@ -210,32 +232,24 @@ def _walk(fileobj, archive, read_data):
             overrides = {**overrides, **_overrides(header, data, archive)}
         elif not is_meta:
             overrides, previous = {}, header.name
-            yield header, data
-
-
-def iter_members(fileobj, name=None):
-    """Yield ``(header, data_offset)`` for every member of the tar in ``fileobj``, without reading any data
-    when the file can seek. ``name`` (default: ``fileobj.name``) is the archive's name in error messages."""
-    archive = name or getattr(fileobj, "name", "<tar>")
-    for header, _ in _walk(fileobj, archive, read_data=False):
-        yield header, header.data_offset
-
-
-def iter_files(fileobj, name=None):
-    """Yield ``(member name, data)`` for every regular file of the tar in ``fileobj``, in archive order."""
-    archive = name or getattr(fileobj, "name", "<tar>")
-    for header, data in _walk(fileobj, archive, read_data=True):
-        if header.is_file:
-            yield header.name, data
+            yield header, header.data_offset
 
 
 # --- the index -------------------------------------------------------------------------------------
 
 
 def index_members(fileobj, name=None):
-    """``{member name: (data offset, size)}`` of every regular file, in archive order; a name that appears
-    twice maps to its last copy, as ``tarfile`` does."""
-    return {header.name: (offset, header.size) for header, offset in iter_members(fileobj, name) if header.is_file}
+    """``{member name: (data offset, size)}`` of every regular file, in archive order. A name that appears twice
+    raises ``TarFormatError`` (an index can point at only one copy, and streaming refuses it too)."""
+    members = {}
+    for header, offset in iter_members(fileobj, name):
+        if header.is_file:
+            if header.name in members:
+                archive = name or getattr(fileobj, "name", "<tar>")
+                raise TarFormatError(f"{archive}: duplicate member {header.name!r}, at offsets "
+                                     f"{members[header.name][0] - BLOCK} and {header.offset}")
+            members[header.name] = (offset, header.size)
+    return members
 
 
 def index_path(tar_path):
@@ -404,10 +418,10 @@ def scan_buffer(data, archive="<tar>"):
         size = overrides.get("size", None)
         size = _size_of(data, position, archive) if size is None else size
         start = position + BLOCK
-        if start + size > end:
-            name = overrides.get("name") or _name_of(data, position)
+        if size < 0 or start + size > end:  # a negative size would send the walk backwards, and round forever
+            member = f"member {overrides.get('name') or _name_of(data, position)!r} at offset {position}"
             verify_checksums(data, positions, archive)
-            raise _truncated(archive, f"member {name!r} at offset {position}", size, end - start)
+            raise _negative_size(archive, member, size) if size < 0 else _truncated(archive, member, size, end - start)
         if flag in _REGULAR_FLAGS:
             members.append((overrides.get("name") or _name_of(data, position), start, size))
             overrides = {}
