@@ -55,8 +55,9 @@ def _shards(args):
 
     if args.action == "list":
         for shard in shards.expand_shards(args.shards):
-            print(shards.format_shard(shards.describe_shard(shard)))
-            for name, size in shards.list_members(shard) if args.members else ():
+            info = shards.describe_shard(shard)
+            print(shards.format_shard(info))
+            for name, size in info["member_sizes"] if args.members else ():
                 print(f"  {name}\t{size:,} bytes")
     elif args.action == "show":
         for sample, _ in zip(shards.iter_shard_samples(args.shards), range(args.count)):

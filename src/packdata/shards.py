@@ -283,11 +283,6 @@ def format_sample(sample):
     return f"{sample['__key__']}  [{sample['__url__']}]  {members}{label}"
 
 
-def list_members(shard):
-    """``[(member name, size)]`` of every regular file of one shard, in order."""
-    return [(name, size) for name, _, size in scan_buffer(read_shard(shard), shard)]
-
-
 def show_samples(shard, count=8, ax_size=1.2):
     """The first ``count`` images of a shard with their key and label; returns the matplotlib figure."""
     import matplotlib.pyplot as plt
