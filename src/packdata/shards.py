@@ -47,7 +47,8 @@ def sample_bytes(key, members):
 
 class ShardWriter:
     """Write samples into ``out_dir/<prefix>-000000.tar``, ``-000001.tar``, …: a sample goes into the next shard
-    when the current one holds ``maxcount`` samples or the sample would take it past ``maxsize`` bytes.
+    when the current one holds ``maxcount`` samples or the sample would take it past ``maxsize`` bytes (a sample
+    bigger than ``maxsize`` on its own gets a shard to itself: samples are never cut).
 
     The new set replaces the old one as a whole: the shards are written into a hidden folder in ``out_dir``
     and moved into place by ``close`` (then the old ``<prefix>-NNNNNN.tar`` beyond them removed). On an error,
