@@ -51,6 +51,29 @@ def test_counts_every_sample_of_every_epoch(tiny_dataset):
     assert result.mb_per_s == pytest.approx(2 * result.bytes_per_epoch / result.seconds / 1e6)
 
 
+class CountedNumbers(Numbers):
+    """``Numbers`` that counts how often they are read (in the main process: use 0 workers)."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return super().__getitem__(index)
+
+
+def test_warmup_epochs_run_first_but_are_not_reported():
+    dataset = CountedNumbers(10)
+    result = benchmark(dataset, batch_size=4, epochs=2, warmup_epochs=1, progress=False)
+    assert dataset.reads == 3 * len(dataset)
+    assert result.samples == 2 * len(dataset) and result.epochs == 2
+    assert len(result.epoch_seconds) == len(result.first_batch_seconds) == 2
+
+
+def test_warmup_epochs_are_counted_too():
+    with pytest.raises(SampleCountError, match="epoch 1 delivered 90"):
+        benchmark(ShortStream(claimed=100, actual=90), batch_size=8, warmup_epochs=1, progress=False)
+
+
 def test_counts_with_workers_and_are_repeatable(tiny_dataset):
     dataset = FolderDataset(tiny_dataset)
     runs = [benchmark(dataset, batch_size=16, num_workers=2, progress=False) for _ in range(2)]

@@ -141,6 +141,10 @@ class PilImages(FolderDataset):
 
 
 def predict_right(n, mean_bytes, latency, bandwidth, workers):
+    return costmodel.predict_time(n, n * mean_bytes, latency, workers * bandwidth, concurrency=workers)
+
+
+def predict_with_a_shared_link(n, mean_bytes, latency, bandwidth, workers):
     return costmodel.predict_time(n, n * mean_bytes, latency, bandwidth, concurrency=workers)
 
 
@@ -180,6 +184,10 @@ def tar_index_right(path):
         return tario.index_members(file)
 
 
+def tar_index_with_padded_names(path):
+    return {name.ljust(100, "\0"): place for name, place in tar_index_right(path).items()}
+
+
 # name: (how to call the check with an implementation and the dataset root, right answer, wrong answers)
 CASES = {
     "check_count_per_class": (
@@ -195,7 +203,7 @@ CASES = {
     "check_predict_epoch_seconds": (
         lambda check, impl, root: check(impl),
         predict_right,
-        [lambda n, b, l, bw, w: n * l / w, lambda n, b, l, bw, w: n * l + n * b / bw],
+        [lambda n, b, l, bw, w: n * l / w, lambda n, b, l, bw, w: n * l + n * b / bw, predict_with_a_shared_link],
     ),
     "check_workers_needed": (
         lambda check, impl, root: check(impl),
@@ -223,6 +231,7 @@ CASES = {
             lambda path: {name: (offset - 512, size) for name, (offset, size) in tar_index_right(path).items()},
             lambda path: {name: (offset, size + 1) for name, (offset, size) in tar_index_right(path).items()},
             lambda path: dict(list(tar_index_right(path).items())[:-1]),
+            tar_index_with_padded_names,
         ],
     ),
 }
@@ -416,6 +425,17 @@ CASES.update({
     ),
 })
 STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready": StubRecipeZip})
+
+
+@pytest.mark.parametrize("name, wrong, hint", [
+    ("check_workers_needed", lambda t, l, s: costmodel.workers_needed(t, l, 0.0), "include the work time"),
+    ("check_predict_epoch_seconds", predict_with_a_shared_link, "paces each connection on its own"),
+    ("check_tar_index", tar_index_with_padded_names, "strip the NUL padding"),
+])
+def test_check_names_the_mistake(name, wrong, hint, tiny_dataset):
+    run, _, _ = CASES[name]
+    with pytest.raises(checks.CheckFailed, match=hint):
+        run(getattr(checks, name), wrong, tiny_dataset)
 
 
 def test_every_check_has_cases():

@@ -3,7 +3,8 @@ import os
 import pytest
 
 from packdata.data import load_manifest, verify_dataset
-from packdata.storage import NOT_MEASURED, REFERENCE_STORAGE, evict_from_page_cache, fs_overhead, time_listing, walk
+from packdata.storage import (NOT_MEASURED, REFERENCE_STORAGE, evict_from_page_cache, fs_overhead, time_listing,
+                              time_stat, walk)
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise is Linux/BSD only")
@@ -43,6 +44,7 @@ def test_fs_overhead_of_an_empty_folder(tmp_path):
 def test_walk_and_listing_see_every_entry(tiny_dataset):
     assert sum(1 for _ in walk(tiny_dataset)) == sum(1 for _ in tiny_dataset.rglob("*"))
     assert time_listing(tiny_dataset) > 0
+    assert time_stat(tiny_dataset) > 0
 
 
 def test_reference_figures_are_labelled_as_not_measured():
@@ -52,3 +54,10 @@ def test_reference_figures_are_labelled_as_not_measured():
         assert storage.latency > 0 and storage.bandwidth > 0 and storage.source and storage.typical
     object_store = next(storage for storage in REFERENCE_STORAGE if "object store" in storage.name)
     assert object_store.usd_per_1000_requests == pytest.approx(0.0004)
+
+
+def test_disk_latencies_are_a_whole_random_access():
+    by_name = {storage.name: storage for storage in REFERENCE_STORAGE}
+    half_a_turn = 0.5 * 60 / 7200
+    assert by_name["HDD (7,200 rpm)"].latency == pytest.approx(0.008 + half_a_turn, rel=0.05)  # seek plus rotation
+    assert 0.05e-3 <= by_name["NVMe SSD"].latency <= 0.1e-3  # NAND flash at queue depth 1, not Optane

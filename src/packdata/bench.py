@@ -135,14 +135,17 @@ def run_epoch(loader, bar):
     return seen, (epoch_s if first_batch_s is None else first_batch_s), epoch_s
 
 
-def benchmark(dataset, *, batch_size=64, num_workers=0, epochs=1, shuffle=True, label=None, progress=True,
-              bytes_per_epoch=None, **loader_kwargs):
+def benchmark(dataset, *, batch_size=64, num_workers=0, epochs=1, warmup_epochs=0, shuffle=True, label=None,
+              progress=True, bytes_per_epoch=None, **loader_kwargs):
     """Run ``epochs`` full passes of a ``DataLoader`` over ``dataset`` and return a ``BenchResult``.
 
-    ``loader_kwargs`` go to the ``DataLoader`` (e.g. ``multiprocessing_context="spawn"``, ``prefetch_factor``);
-    workers are started afresh each epoch unless ``persistent_workers=True`` is passed. ``shuffle`` applies
-    to map-style datasets; an iterable dataset shuffles itself. The byte count for MB/s comes from
-    ``bytes_per_epoch`` or else from ``dataset.sample_bytes`` when the dataset has it.
+    ``warmup_epochs`` untimed passes come first, on the same loader: caches fill, connections open, and with
+    ``persistent_workers=True`` the workers are already running when the timed epochs start. Their samples
+    are counted too, but not reported. ``loader_kwargs`` go to the ``DataLoader`` (e.g.
+    ``multiprocessing_context="spawn"``, ``prefetch_factor``); workers are started afresh each epoch unless
+    ``persistent_workers=True`` is passed. ``shuffle`` applies to map-style datasets; an iterable dataset
+    shuffles itself. The byte count for MB/s comes from ``bytes_per_epoch`` or else from
+    ``dataset.sample_bytes`` when the dataset has it.
     """
     try:
         expected = len(dataset)
@@ -156,14 +159,17 @@ def benchmark(dataset, *, batch_size=64, num_workers=0, epochs=1, shuffle=True, 
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
                         **{"persistent_workers": False, **loader_kwargs})
     result = BenchResult(label, batch_size, num_workers, epochs, samples=0, bytes_per_epoch=bytes_per_epoch)
-    with tqdm(total=expected * epochs, desc=label, unit="img", disable=not progress, leave=False) as bar:
-        for epoch in range(epochs):
+    total = expected * (warmup_epochs + epochs)
+    with tqdm(total=total, desc=label, unit="img", disable=not progress, leave=False) as bar:
+        for epoch in range(warmup_epochs + epochs):
             seen, first_batch_s, epoch_s = run_epoch(loader, bar)
             if seen != expected:
                 raise SampleCountError(
                     f"{label}: epoch {epoch + 1} delivered {seen} samples but len(dataset) is {expected}; "
                     "check __len__, drop_last, the sampler, or how an iterable dataset splits work between workers"
                 )
+            if epoch < warmup_epochs:
+                continue
             result.samples += seen
             result.first_batch_seconds.append(first_batch_s)
             result.epoch_seconds.append(epoch_s)

@@ -78,23 +78,27 @@ def check_folder_dataset(dataset, root):
 
 
 def check_predict_epoch_seconds(predict_epoch_seconds):
-    """Lesson 1: the cost model, requests × latency / workers + bytes / bandwidth, for one epoch."""
+    """Lesson 1: the cost model for one epoch, with ``bandwidth`` capped per connection as the emulated store does:
+    requests × latency / workers + bytes / (workers × bandwidth)."""
     from .costmodel import predict_time
 
-    cases = [(10_000, 2_000, 0.002, 100e6, 1), (10_000, 2_000, 0.002, 100e6, 8), (500, 4e6, 0.05, 50e6, 4)]
+    cases = [(10_000, 2_000, 0.002, 100e6, 1), (10_000, 2_000, 0.002, 1e6, 8), (500, 4e6, 0.05, 50e6, 4)]
     for n_files, mean_bytes, latency, bandwidth, workers in cases:
         got = predict_epoch_seconds(n_files, mean_bytes, latency, bandwidth, workers)
-        expected = predict_time(n_files, n_files * mean_bytes, latency, bandwidth, concurrency=workers)
+        expected = predict_time(n_files, n_files * mean_bytes, latency, workers * bandwidth, concurrency=workers)
         if abs(got - expected) <= 1e-6 * expected:
             continue
         call = f"predict_epoch_seconds({n_files}, {mean_bytes:g}, {latency}, {bandwidth:g}, {workers})"
         waiting, transfer = n_files * latency, n_files * mean_bytes / bandwidth
         if abs(got - waiting / workers) <= 1e-6 * expected:
             hint = "you left out the transfer time, bytes / bandwidth."
+        elif abs(got - (waiting / workers + transfer)) <= 1e-6 * expected:
+            hint = ("the store paces each connection on its own, so the workers' transfers run side by side too: "
+                    "divide the transfer term by the workers as well.")
         elif abs(got - (waiting + transfer)) <= 1e-6 * expected:
-            hint = "workers wait for their requests at the same time: divide the latency term by the workers."
+            hint = "workers wait for their requests at the same time: divide by the workers."
         else:
-            hint = "time = requests × latency / workers + total bytes / bandwidth."
+            hint = "time = requests × latency / workers + total bytes / (workers × bandwidth)."
         raise CheckFailed(f"{call} returned {got:.4g} s, expected {expected:.4g} s: {hint}")
     passed("your prediction matches the cost model in every case.")
 
@@ -112,6 +116,8 @@ def check_workers_needed(workers_needed):
         call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
         if not isinstance(got, int):
             hint = "a number of workers is a whole number: round up with math.ceil and return an int."
+        elif got == reference(target, latency, 0):
+            hint = "include the work time, seconds_per_sample: a worker that decodes is not waiting for the next sample."
         elif got == expected - 1:
             hint = "round up, not down: one worker short misses the target."
         else:
@@ -176,6 +182,11 @@ def check_tar_index(tar_index, tar_path):
     got = tar_index(tar_path)
     if not isinstance(got, dict):
         raise CheckFailed(f"tar_index should return a dict {{name: (offset, size)}}, got {type(got).__name__}.")
+    padded = [name for name in got if isinstance(name, str) and "\0" in name]
+    if padded:
+        name = padded[0].rstrip("\0")
+        raise CheckFailed(f"Member name {name!r} is followed by {len(padded[0]) - len(name)} NUL characters: strip the "
+                          "NUL padding from the name field, e.g. block[:100].rstrip(b'\\0').decode().")
     missing = [name for name in expected if name not in got]
     if missing:
         raise CheckFailed(f"{len(missing)} members are missing, e.g. {missing[0]!r}: keep walking header after header "

@@ -1,7 +1,10 @@
 """The cost model behind every lesson: ``time ≈ requests × latency / concurrency + bytes / bandwidth``.
 
-``latency`` is seconds per request, ``bandwidth`` is bytes/s shared by all requests in flight, and
-``concurrency`` is how many requests wait at the same time. All functions accept numpy arrays.
+``latency`` is seconds per request, ``concurrency`` is how many requests wait at the same time, and
+``bandwidth`` is the bytes/s that all requests in flight move together. Where the cap applies per
+connection, each response paced on its own (the emulated ``NetworkStore``, an object store's per-connection
+rate), ``concurrency`` connections together move ``concurrency ×`` that cap, up to what the link carries:
+pass that total. With one request at a time the two are the same. All functions accept numpy arrays.
 """
 
 import math

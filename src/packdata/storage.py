@@ -1,5 +1,5 @@
 """What many small files cost the filesystem: page-cache eviction for cold reads, space and inode
-overhead, listing time, and published reference figures for common storage types."""
+overhead, listing and stat time, and published reference figures for common storage types."""
 
 import os
 import time
@@ -26,11 +26,13 @@ class StorageType:
 # Published typical figures, NOT measured here: round numbers from vendor spec sheets and cloud provider docs,
 # for orientation only. The lessons measure the emulated store and the local disk themselves.
 REFERENCE_STORAGE = (
-    StorageType("HDD (7,200 rpm)", 0.008, 150e6, "8–10 ms seek, 150–200 MB/s sequential",
+    StorageType("HDD (7,200 rpm)", 0.012, 150e6,
+                "~8 ms average seek + ~4.2 ms rotational delay (half a turn at 7,200 rpm); 150–200 MB/s sequential",
                 "hard-drive vendor spec sheets"),
     StorageType("SATA SSD", 0.0001, 500e6, "~0.1 ms access, ~500 MB/s (the SATA III link caps it)",
                 "SSD vendor spec sheets"),
-    StorageType("NVMe SSD", 0.00002, 2e9, "~0.02 ms access, 2–3 GB/s",
+    StorageType("NVMe SSD", 0.00008, 2e9,
+                "0.05–0.1 ms random read at queue depth 1 for NAND flash (~0.02 ms is Optane class), 2–3 GB/s",
                 "SSD vendor spec sheets"),
     StorageType("network filesystem", 0.001, 1e9,
                 "0.5–2 ms per operation; bandwidth bounded by the link (~1 GB/s on 10 GbE)",
@@ -109,4 +111,13 @@ def time_listing(root):
     started = time.perf_counter()
     for _ in walk(root):
         pass
+    return time.perf_counter() - started
+
+
+def time_stat(root):
+    """Seconds to ``os.stat`` every file under ``root``: one metadata lookup per file, as opening each would need."""
+    paths = list(regular_files(root))
+    started = time.perf_counter()
+    for path in paths:
+        os.stat(path)
     return time.perf_counter() - started
