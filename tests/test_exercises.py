@@ -267,6 +267,18 @@ def buffer_without_drain(samples, size, rng):
         buffer[index] = sample
 
 
+def buffer_with_unshuffled_drain(samples, size, rng):
+    buffer = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        index = rng.randrange(size)
+        yield buffer[index]
+        buffer[index] = sample
+    yield from buffer  # what is left comes out in the order it went in
+
+
 def buffer_that_yields_at_once(samples, size, rng):
     buffer = []
     for sample in samples:
@@ -294,8 +306,8 @@ CASES.update({
     "check_shuffle_buffer": (
         lambda check, impl, root: check(impl, tiny_shards(root)),
         buffer_right,
-        [lambda samples, size, rng: iter(samples), buffer_without_drain, buffer_that_yields_at_once,
-         buffer_with_its_own_random],
+        [lambda samples, size, rng: iter(samples), buffer_without_drain, buffer_with_unshuffled_drain,
+         buffer_that_yields_at_once, buffer_with_its_own_random],
     ),
 })
 
@@ -411,6 +423,11 @@ class RecipeOfTheHandle(ZipDataset):
         return ZipDataset, (self.zip_file,)
 
 
+class RecipeArgumentsNotATuple(ZipDataset):
+    def __reduce__(self):
+        return ZipDataset, self.archive  # the arguments must be a tuple: (self.archive,)
+
+
 def lesson3_case(check, impl, root):
     return check(impl, archive(root, "zip"), data.load_manifest(root))
 
@@ -421,7 +438,7 @@ CASES.update({
     "check_spawn_ready": (
         lambda check, impl, root: check(impl(archive(root, "zip")), data.load_manifest(root)),
         RecipeZip,
-        [RecipeWithTheHandle, RecipeOfTheHandle],
+        [RecipeWithTheHandle, RecipeOfTheHandle, RecipeArgumentsNotATuple],
     ),
 })
 STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready": StubRecipeZip})
@@ -454,3 +471,17 @@ def test_check_passes_right_and_fails_wrong(name, tiny_dataset, capsys):
     for wrong in wrongs:
         with pytest.raises(checks.CheckFailed):
             run(check, wrong, tiny_dataset)
+
+
+def test_an_unshuffled_drain_is_named_before_the_epochs_compare(tiny_dataset):
+    with pytest.raises(checks.CheckFailed, match="rng.shuffle"):
+        checks.check_shuffle_buffer(buffer_with_unshuffled_drain, tiny_shards(tiny_dataset))
+
+
+def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_dataset):
+    manifest, path = data.load_manifest(tiny_dataset), archive(tiny_dataset, "zip")
+    with pytest.raises(checks.CheckFailed) as not_a_tuple:
+        checks.check_spawn_ready(RecipeArgumentsNotATuple(path), manifest)
+    assert "tuple of the arguments" in str(not_a_tuple.value) and "ZipFile" not in str(not_a_tuple.value)
+    with pytest.raises(checks.CheckFailed, match="an open ZipFile"):
+        checks.check_spawn_ready(RecipeOfTheHandle(path), manifest)

@@ -37,6 +37,11 @@ def test_training_fits_a_small_set_of_shards(shard_paths):
     assert evaluate(model, loader, torch.device("cpu")) > 0.3  # the training set itself: chance is 0.1
 
 
+def test_evaluating_on_no_samples_says_so():
+    with pytest.raises(ValueError, match="no samples"):
+        evaluate(SmallCNN(), [], torch.device("cpu"))
+
+
 def test_steps_and_samples_are_counted_and_capped(shard_paths):
     model = SmallCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

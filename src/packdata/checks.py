@@ -379,9 +379,13 @@ def check_shuffle_buffer(shuffle_buffer, shards):
     consumed.clear()
     if list(shuffle_buffer(source(), 50, random.Random(0))) != out:
         raise CheckFailed("the same rng seed gave a different order: draw every random choice from rng, nothing else.")
-    small = list(shuffle_buffer(iter(range(5)), 50, random.Random(1)))
-    if sorted(small) != list(range(5)):
-        raise CheckFailed(f"a stream shorter than the buffer (5 samples, buffer 50) came out as {small}.")
+    small = list(shuffle_buffer(iter(range(20)), 50, random.Random(1)))
+    if sorted(small) != list(range(20)):
+        raise CheckFailed(f"a stream shorter than the buffer (20 samples, buffer 50) came out as {small}.")
+    if small == list(range(20)):
+        raise CheckFailed("a stream shorter than the buffer (20 samples, buffer 50) came out in the order it went in: "
+                          "the buffer never filled, so everything left in the final drain. Shuffle what is left with "
+                          "rng.shuffle before yielding it.")
     samples = _check_exactly_once(shards, "with your buffer.", shuffle=False, buffer_size=100, buffer=shuffle_buffer)
     passed(f"fills first, keeps every sample, reproducible; 2 ranks × 3 workers streamed all {samples:,} samples exactly "
            "once per epoch, in a new order in the next epoch.")
@@ -489,6 +493,7 @@ def check_spawn_ready(dataset, manifest):
     """Lesson 3: ``dataset`` (a ``ZipDataset`` that has been read from) pickles for ``spawn``, and
     ``CHECK_WORKERS`` spawned workers read every sample right."""
     import pickle
+    import re
 
     dataset.read_bytes(0)  # used once: its handle is open, as it is after a first look at the data
     try:
@@ -496,10 +501,17 @@ def check_spawn_ready(dataset, manifest):
     except NotImplementedError:
         raise
     except Exception as error:
+        if re.search(r"cannot pickle '(_io\.|_thread\.|[^']*lock)", str(error), re.IGNORECASE):
+            raise CheckFailed(
+                f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. A spawned worker receives the "
+                "dataset pickled, and an open ZipFile (its file, its lock) cannot be pickled. Pickle a recipe "
+                "instead: __reduce__ returns a class and the arguments to build the dataset again, e.g. the archive "
+                "path."
+            ) from error
         raise CheckFailed(
-            f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. A spawned worker receives the dataset "
-            "pickled, and an open ZipFile (its file, its lock) cannot be pickled. Pickle a recipe instead: "
-            "__reduce__ returns a class and the arguments to build the dataset again, e.g. the archive path."
+            f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. __reduce__ must return a tuple of two "
+            "things: the class to call, then a tuple of the arguments to call it with, such as (SomeClass, (path,)) "
+            "(the comma makes a one-item tuple)."
         ) from error
     from_notebook = [f"{module}.{name}" for module, name in _classes_named_by(blob) if module == "__main__"]
     if from_notebook:

@@ -53,13 +53,16 @@ def train_epoch(model, batches, optimizer, device, steps=None):
 
 @torch.no_grad()
 def evaluate(model, batches, device):
-    """The fraction of samples in ``batches`` whose highest-scoring class is the label."""
+    """The fraction of samples in ``batches`` whose highest-scoring class is the label; ``ValueError`` when
+    ``batches`` holds no sample, since an accuracy of nothing means nothing."""
     model.eval()
     correct = seen = 0
     for images, labels in batches:
         predictions = model(images.to(device)).argmax(dim=1).cpu()
         correct += int((predictions == labels).sum())
         seen += len(labels)
+    if seen == 0:
+        raise ValueError("evaluate() got no samples: the test loader is empty (no test shards, or all skipped?)")
     return correct / seen
 
 
