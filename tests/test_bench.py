@@ -69,6 +69,13 @@ def test_warmup_epochs_run_first_but_are_not_reported():
     assert len(result.epoch_seconds) == len(result.first_batch_seconds) == 2
 
 
+def test_the_steady_rate_is_the_median_epoch_after_the_first():
+    result = BenchResult("r", batch_size=4, num_workers=0, epochs=4, samples=40, epoch_seconds=[9.0, 1.0, 2.0, 4.0])
+    assert result.steady_samples_per_s == pytest.approx(10 / 2.0)
+    with pytest.raises(ValueError, match="r: a steady rate needs at least 2 epochs"):
+        BenchResult("r", batch_size=4, num_workers=0, epochs=1, samples=10, epoch_seconds=[1.0]).steady_samples_per_s
+
+
 def test_warmup_epochs_are_counted_too():
     with pytest.raises(SampleCountError, match="epoch 1 delivered 90"):
         benchmark(ShortStream(claimed=100, actual=90), batch_size=8, warmup_epochs=1, progress=False)

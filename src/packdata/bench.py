@@ -6,6 +6,7 @@ raises ``SampleCountError`` instead of producing a flattering number.
 """
 
 import html
+import statistics
 import time
 from dataclasses import dataclass, field
 from numbers import Number
@@ -57,6 +58,14 @@ class BenchResult:
     @property
     def samples_per_s(self):
         return self.samples / self.seconds
+
+    @property
+    def steady_samples_per_s(self):
+        """Samples/s in a typical epoch after the first (the median of the others), leaving out starting the
+        workers and filling caches; needs ``epochs >= 2``."""
+        if self.epochs < 2:
+            raise ValueError(f"{self.label}: a steady rate needs at least 2 epochs, got {self.epochs}")
+        return self.samples / self.epochs / statistics.median(self.epoch_seconds[1:])
 
     @property
     def mb_per_s(self):
