@@ -308,9 +308,9 @@ def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
 
 def _check_exactly_once(shards, what, **options):
     """2 ranks × 3 workers, two epochs: every sample exactly once per epoch, and the next epoch in another order."""
-    from .streaming import count_samples, expand_shards
+    from .streaming import count_shard_samples, expand_shards
 
-    expected = sum(count_samples(shard) for shard in expand_shards(shards))
+    expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
     orders = [_stream_keys(shards, epoch=epoch, **options) for epoch in (0, 1)]
     for epoch, keys in enumerate(orders):
         repeated = [key for key, n in Counter(keys).items() if n > 1]

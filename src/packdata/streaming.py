@@ -244,7 +244,7 @@ def batched(items, batch_size, collate=default_collate):
 # --- counting, skipping, equalising ----------------------------------------------------------------
 
 
-def count_samples(shard):
+def count_shard_samples(shard):
     """The number of samples (distinct keys) in one shard, from its headers."""
     data = read_shard(shard)
     return len({split_member(name)[0] for name, _, _ in scan_buffer(data, shard) if not is_meta(name)})
@@ -368,7 +368,7 @@ class ShardDataset(IterableDataset):
     def sizes(self):
         """``{shard: number of samples}``, counted (one read per shard) the first time it is needed."""
         if self._sizes is None:
-            self._sizes = {shard: count_samples(shard) for shard in self.shards}
+            self._sizes = {shard: count_shard_samples(shard) for shard in self.shards}
         return self._sizes
 
     def quota(self, worker, num_workers):
