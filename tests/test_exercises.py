@@ -256,27 +256,23 @@ def buffer_right(samples, size, rng):
     return shuffle_buffer(samples, size, rng)
 
 
-def buffer_without_drain(samples, size, rng):
-    buffer = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        index = rng.randrange(size)
-        yield buffer[index]
-        buffer[index] = sample
+def buffer_that_drains(drain):
+    """A learner's shuffle buffer that gets the end wrong: what is left in it goes out through ``drain``."""
+    def buffer_fn(samples, size, rng):
+        buffer = []
+        for sample in samples:
+            if len(buffer) < size:
+                buffer.append(sample)
+                continue
+            index = rng.randrange(size)
+            yield buffer[index]
+            buffer[index] = sample
+        yield from drain(buffer)
+    return buffer_fn
 
 
-def buffer_with_unshuffled_drain(samples, size, rng):
-    buffer = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        index = rng.randrange(size)
-        yield buffer[index]
-        buffer[index] = sample
-    yield from buffer  # what is left comes out in the order it went in
+buffer_without_drain = buffer_that_drains(lambda rest: ())  # what is left is lost
+buffer_with_unshuffled_drain = buffer_that_drains(lambda rest: rest)  # what is left comes out in the order it went in
 
 
 def buffer_that_yields_at_once(samples, size, rng):

@@ -361,36 +361,26 @@ def test_a_truncated_buffer_is_caught_in_the_fast_path(cut):
 # --- bad input -------------------------------------------------------------------------------------
 
 
-def rewrite(path, members):
-    """A shard at ``path`` holding ``members`` ([(name, bytes)]), in that order."""
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, payload in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-    return str(path)
-
-
 @pytest.fixture
 def jpeg(tiny_dataset):
     return (tiny_dataset / data.load_manifest(tiny_dataset)["samples"][0]["path"]).read_bytes()
 
 
 @pytest.fixture
-def bad_shards(tmp_path, urls, jpeg):
+def bad_shards(tmp_path, urls, jpeg, write_tar):
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(open(urls[0], "rb").read()[:5000])
     return {
         "truncated": (str(truncated), tario.TarFormatError, r"truncated\.tar is truncated"),
-        "missing label": (rewrite(tmp_path / "nolabel.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg)]),
+        "missing label": (write_tar(tmp_path / "nolabel.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg)]),
                           ShardError, r"nolabel\.tar: sample 'b' has no '\.cls' member"),
-        "duplicate key": (rewrite(tmp_path / "dup.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg),
+        "duplicate key": (write_tar(tmp_path / "dup.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg),
                                                           ("b.cls", b"2"), ("a.jpg", jpeg), ("a.cls", b"1")]),
                           ShardError, r"dup\.tar: duplicate key 'a'"),
-        "duplicate member": (rewrite(tmp_path / "dupm.tar", [("a.jpg", jpeg), ("a.jpg", jpeg), ("a.cls", b"1")]),
+        "duplicate member": (write_tar(tmp_path / "dupm.tar", [("a.jpg", jpeg), ("a.jpg", jpeg), ("a.cls", b"1")]),
                              ShardError, r"dupm\.tar: duplicate member 'a\.jpg'"),
         "missing file": (str(tmp_path / "nothere.tar"), FileNotFoundError, "nothere.tar"),
-        "not an image": (rewrite(tmp_path / "notimage.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", b"oops"),
+        "not an image": (write_tar(tmp_path / "notimage.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", b"oops"),
                                                               ("b.cls", b"2")]),
                          ShardError, r"notimage\.tar: cannot decode sample 'b'"),
     }

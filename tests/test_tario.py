@@ -3,6 +3,7 @@ import itertools
 import json
 import os
 import tarfile
+from pathlib import Path
 
 import pytest
 import webdataset
@@ -264,19 +265,9 @@ def test_a_pax_key_that_is_not_utf8_names_archive_and_offset(tmp_path):
             reader(path)
 
 
-def write_members(path, members):
-    """A ustar tar of ``members``, ``(name, data)`` pairs in order."""
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
-def test_indexing_refuses_a_member_name_seen_twice(tmp_path):
+def test_indexing_refuses_a_member_name_seen_twice(tmp_path, write_tar):
     names = ["a.jpg", "a.cls", "b.jpg", "b.cls", "a.jpg", "a.cls"]
-    path = write_members(tmp_path / "t.tar", [(name, b"1") for name in names])
+    path = Path(write_tar(tmp_path / "t.tar", [(name, b"1") for name in names]))
     with pytest.raises(TarFormatError, match=f"{path}: duplicate member 'a.jpg', at offsets 0 and 4096"):
         build_index(path)
     with pytest.raises(TarFormatError, match="duplicate member 'a.jpg'"), path.open("rb") as file:
@@ -285,8 +276,8 @@ def test_indexing_refuses_a_member_name_seen_twice(tmp_path):
         IndexedTarDataset(path)
 
 
-def test_a_label_that_is_not_a_number_names_the_archive_and_member(tmp_path):
-    path = write_members(tmp_path / "t.tar", [("a.jpg", b"not decoded yet"), ("a.cls", b"cat")])
+def test_a_label_that_is_not_a_number_names_the_archive_and_member(tmp_path, write_tar):
+    path = write_tar(tmp_path / "t.tar", [("a.jpg", b"not decoded yet"), ("a.cls", b"cat")])
     with pytest.raises(ValueError, match=f"member 'a.cls' of {path} holds b'cat', not an integer label"):
         IndexedTarDataset(path)
 
