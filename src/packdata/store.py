@@ -145,9 +145,10 @@ class _FileHandler(BaseHTTPRequestHandler):
             if not chunk:
                 break
             self.pause(bandwidth_delay(started, sent + len(chunk), served.bandwidth))
+            # Counted before the write: a client that has read the last byte must already see it counted.
+            served.count(bytes_served=len(chunk))
             self.wfile.write(chunk)
             sent += len(chunk)
-            served.count(bytes_served=len(chunk))
 
     def pause(self, seconds):
         """Sleep ``seconds`` (emulated latency or pacing); when the server stops meanwhile, wake and hang up."""
