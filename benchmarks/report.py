@@ -6,10 +6,14 @@
 Measures, each several times (median and min–max spread):
 
 - the limits: reading the shard files whole (the bytes limit); JPEG decoding alone on one core and split over
-  two plain processes (the most that two DataLoader workers could gain); what touching fresh memory costs;
+  two plain processes, timed once both have started (the most that two DataLoader workers could gain); what
+  touching fresh memory costs;
 - reading raw bytes without decoding: folder, ZIP, indexed tar, tarfile, webdataset 1.0.2, our shard reader;
 - the decoded loaders with 0, 1 and 2 DataLoader workers, warm and cold page cache: folder, ZIP (the
-  worker-safe one), indexed tar, our shard stream, webdataset;
+  worker-safe one), indexed tar, our shard stream, webdataset. Set up as a training job would be: batches of
+  256, workers that stay across epochs (``persistent_workers=True``, timed after one untimed epoch), and
+  batches handed over by shared-memory file name (``torch.multiprocessing.set_sharing_strategy("file_system")``);
+  our stream is also measured with batches of 64 and with torch's default hand-over, to show what each is worth;
 - per-file against sharded reads through the emulated network store at 2 ms per request, 4 workers.
 
 Writes ``build/bench/report.md``, ``build/bench/results.json`` and plots next to them, prints the key
@@ -34,6 +38,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import webdataset as wds  # noqa: E402
+import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packdata import data, packing, storage, system  # noqa: E402
@@ -46,7 +51,7 @@ from packdata.streaming import ShardDataset, read_shard  # noqa: E402
 from packdata.tario import scan_plain  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "build" / "bench"
-BATCH, BUFFER, SHARDS = 64, 1000, 10
+BATCH, SMALL_BATCH, BUFFER, SHARDS = 256, 64, 1000, 10
 WORKERS = (0, 1, 2)
 NETWORK_LATENCY, NETWORK_WORKERS = 0.002, 4
 
@@ -66,6 +71,11 @@ CEILINGS = [
     ("JPEG decode alone, 2 processes / 1 (no DataLoader)", "limit/JPEG decode, two processes",
      "limit/JPEG decode, one core", "{:.2f}×"),
 ]
+# (what, measurement): our stream with 2 workers, warm, each without one of the settings, against 0 workers
+HANDOVER = [
+    (f"batches of {SMALL_BATCH} instead of {BATCH}", f"handover/batches of {SMALL_BATCH}"),
+    ("torch's default hand-over (file descriptors)", "handover/file descriptors (torch's default)"),
+]
 PAGE = 4096
 
 
@@ -76,9 +86,12 @@ class Results:
         self.samples, self.rates = samples, {}
         self.fresh_page_us = self.image_bytes = None
 
-    def measure(self, group, name, run, repeats, before=None):
-        """Call ``run`` (it returns how many samples it saw) ``repeats`` times; record and print samples/s."""
+    def measure(self, group, name, run, repeats, before=None, warmup=False):
+        """Call ``run`` (it returns how many samples it saw) ``repeats`` times, after one untimed call when
+        ``warmup``; record and print samples/s."""
         rates = []
+        if warmup:
+            run()
         for _ in range(repeats):
             if before is not None:
                 before()
@@ -125,17 +138,35 @@ def decode_all(payloads):
         decode_image(payload)
 
 
-def decode_in_two_processes(payloads):
-    """Decode ``payloads`` split over two forked processes, nothing sent back: the ceiling for two workers."""
-    context = multiprocessing.get_context("fork")
-    processes = [context.Process(target=decode_all, args=(payloads[part::2],)) for part in range(2)]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
-        if process.exitcode:
-            raise RuntimeError(f"a decoding process failed with exit code {process.exitcode}")
-    return len(payloads)
+def decode_when_told(ready, go, payloads):
+    ready.wait()
+    go.wait()
+    decode_all(payloads)
+
+
+class TwoDecoders:
+    """Decode ``payloads`` split over two forked processes, nothing sent back: the ceiling for two workers.
+    ``start`` forks them and waits until both are ready (not timed); ``run`` lets them go and waits for both."""
+
+    def __init__(self, payloads):
+        self.payloads, self.go, self.processes = payloads, None, []
+
+    def start(self):
+        context = multiprocessing.get_context("fork")
+        ready, self.go = context.Barrier(3), context.Barrier(3)
+        self.processes = [context.Process(target=decode_when_told, args=(ready, self.go, self.payloads[part::2]))
+                          for part in range(2)]
+        for process in self.processes:
+            process.start()
+        ready.wait()
+
+    def run(self):
+        self.go.wait()
+        for process in self.processes:
+            process.join()
+            if process.exitcode:
+                raise RuntimeError(f"a decoding process failed with exit code {process.exitcode}")
+        return len(self.payloads)
 
 
 def fresh_page_microseconds(pages=16_384):
@@ -176,39 +207,57 @@ def main(argv=None):
     payloads = [maps["folder"].read_bytes(i) for i in range(samples)]
     results.image_bytes = decode_image(payloads[0]).numel()
     results.measure("limit", "JPEG decode, one core", lambda: decode_all(payloads) or samples, slow_repeats)
-    results.measure("limit", "JPEG decode, two processes", lambda: decode_in_two_processes(payloads), slow_repeats)
+    two = TwoDecoders(payloads)
+    results.measure("limit", "JPEG decode, two processes", two.run, slow_repeats, before=two.start)
     results.fresh_page_us = statistics.median(fresh_page_microseconds() for _ in range(repeats))
     print(f"  touching a fresh 4 KiB page: {results.fresh_page_us:.2f} µs")
 
-    print("\nraw bytes, no decode, warm")
+    print("\nraw bytes, no decode, warm, after one untimed pass")
     for name, dataset in maps.items():
-        results.measure("raw", name, lambda d=dataset: sum(1 for i in range(samples) if d.read_bytes(i)), repeats)
-    results.measure("raw", "tarfile", lambda: sum(tarfile_samples(path) for path in shards), repeats)
-    results.measure("raw", "webdataset", lambda: sum(1 for _ in wds.WebDataset(shards, shardshuffle=False)), repeats)
-    results.measure("raw", "ours", lambda: sum(1 for _ in ShardDataset(shards, shuffle=False, decode=False)), repeats)
-    results.measure("raw", "ours, headers only", lambda: headers_only(shards), repeats)
+        results.measure("raw", name, lambda d=dataset: sum(1 for i in range(samples) if d.read_bytes(i)), repeats,
+                        warmup=True)
+    results.measure("raw", "tarfile", lambda: sum(tarfile_samples(path) for path in shards), repeats, warmup=True)
+    results.measure("raw", "webdataset", lambda: sum(1 for _ in wds.WebDataset(shards, shardshuffle=False)), repeats,
+                    warmup=True)
+    results.measure("raw", "ours", lambda: sum(1 for _ in ShardDataset(shards, shuffle=False, decode=False)), repeats,
+                    warmup=True)
+    results.measure("raw", "ours, headers only", lambda: headers_only(shards), repeats, warmup=True)
 
-    def our_stream(workers):
-        dataset = ShardDataset(shards, buffer_size=BUFFER, batch_size=BATCH)
-        return lambda: count_batches(DataLoader(dataset, batch_size=None, num_workers=workers))
+    def staying(workers):
+        """DataLoader options of a training job: the workers stay from one epoch to the next."""
+        return {"num_workers": workers, "persistent_workers": workers > 0}
+
+    def our_stream(workers, batch=BATCH):
+        loader = DataLoader(ShardDataset(shards, buffer_size=BUFFER, batch_size=batch), batch_size=None,
+                            **staying(workers))
+        return lambda: count_batches(loader)
 
     def webdataset_stream(workers):
         pipeline = (wds.WebDataset(shards, shardshuffle=len(shards)).shuffle(BUFFER).decode("torchrgb8")
                     .to_tuple("jpg", "cls").batched(BATCH))
-        return lambda: count_batches(wds.WebLoader(pipeline, batch_size=None, num_workers=workers))
+        loader = wds.WebLoader(pipeline, batch_size=None, **staying(workers))
+        return lambda: count_batches(loader)
 
     def map_loader(dataset, workers):
-        return lambda: benchmark(dataset, batch_size=BATCH, num_workers=workers, progress=False).samples
+        loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, **staying(workers))
+        return lambda: count_batches(loader)
 
     loaders = {name: (lambda w, d=d: map_loader(d, w)) for name, d in maps.items()}
     loaders.update({"our stream": our_stream, "webdataset": webdataset_stream})
     paths = {"folder": [root], "ZIP": [zip_path], "indexed tar": [tar_path], "our stream": shards, "webdataset": shards}
+    torch.multiprocessing.set_sharing_strategy("file_system")
     for cache in ("warm", "cold"):
-        print(f"\ndecoded, batches of {BATCH}, {cache} page cache")
+        print(f"\ndecoded, batches of {BATCH}, {cache} page cache, after one untimed epoch")
         for name, make in loaders.items():
             evict = (lambda p=paths[name]: storage.evict_from_page_cache(p)) if cache == "cold" else None
             for workers in WORKERS:
-                results.measure(cache, f"{name}, {workers} workers", make(workers), slow_repeats, before=evict)
+                results.measure(cache, f"{name}, {workers} workers", make(workers), slow_repeats, before=evict,
+                                warmup=True)
+
+    print("\nour stream, 2 workers, warm, without one setting")
+    results.measure("handover", f"batches of {SMALL_BATCH}", our_stream(2, SMALL_BATCH), slow_repeats, warmup=True)
+    torch.multiprocessing.set_sharing_strategy("file_descriptor")
+    results.measure("handover", "file descriptors (torch's default)", our_stream(2), slow_repeats, warmup=True)
 
     print(f"\nthrough the emulated network store, {NETWORK_LATENCY * 1e3:g} ms per request, {NETWORK_WORKERS} workers")
     with NetworkStore(data.data_dir(), latency=NETWORK_LATENCY) as store, warnings.catch_warnings():
@@ -244,6 +293,10 @@ def report(results, samples, seconds, small):
                 for what, top, bottom, spec in CEILINGS]
     for ceiling in ceilings:
         print(f"  ceiling: {ceiling['what']} {ceiling['format'].format(ceiling['value'])}")
+    single = results.median("warm/our stream, 0 workers")
+    handover = [{"what": what, "value": results.median(key) / single} for what, key in HANDOVER]
+    for setting in handover:
+        print(f"  our stream decoded, 2 workers / 0 workers, with {setting['what']}: {setting['value']:.2f}×")
     per_sample = {key: 1e6 / results.median(key)
                   for key in ("limit/shard files read whole", "raw/ours, headers only", "raw/ours")}
 
@@ -272,6 +325,11 @@ def report(results, samples, seconds, small):
         *(f"- {c['what']}: **{c['format'].format(c['value'])}**, the most two DataLoader workers could gain on "
           "this machine; the workers also pay for handing every batch to the main process, which needs a share of "
           "a core to receive it." for c in ceilings),
+        "- The hand-over has a cost per batch and per tensor. With torch's default, the main process fetches "
+        "every tensor's file descriptor from the worker over a fresh, authenticated connection; with "
+        "`set_sharing_strategy(\"file_system\")` it opens the shared memory by name. The decoded loaders above use "
+        f"batches of {BATCH} and file names. Our stream decoded, 2 workers / 0 workers, with one of them changed:",
+        *(f"  - {h['what']}: **{h['value']:.2f}×**" for h in handover),
         f"- Touching a fresh 4 KiB page of memory costs **{results.fresh_page_us:.2f} µs** here; a worker writes "
         f"every decoded batch into fresh shared memory ({results.image_bytes:,} bytes of pixels per image: "
         f"{results.image_bytes / PAGE:.1f} pages).",
@@ -294,7 +352,7 @@ def report(results, samples, seconds, small):
     (OUT / "report.md").write_text("\n".join(lines), encoding="utf-8")
     (OUT / "results.json").write_text(json.dumps(
         {"samples": samples, "seconds": seconds, "load_average": load, "environment": env, "rates": results.rates,
-         "ratios": ratios, "ceilings": ceilings, "fresh_page_us": results.fresh_page_us,
+         "ratios": ratios, "ceilings": ceilings, "handover": handover, "fresh_page_us": results.fresh_page_us,
          "microseconds_per_sample": per_sample},
         indent=1), encoding="utf-8")
     plot_loaders(results)

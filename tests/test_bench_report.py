@@ -16,6 +16,7 @@ def test_quick_benchmark_writes_report_with_every_target():
     assert results["samples"] == 500
     assert len(results["ratios"]) == 5
     assert results["ceilings"][0]["value"] > 0 and results["fresh_page_us"] > 0
+    assert len(results["handover"]) == 2 and all(setting["value"] > 0 for setting in results["handover"])
     loaders = ["folder", "ZIP", "indexed tar", "our stream", "webdataset"]
     for cache in ("warm", "cold"):
         for name in loaders:
