@@ -16,7 +16,8 @@ from PIL import UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
 from packdata.data import load_manifest
-from packdata.datasets import FolderDataset, HttpDataset, HttpRangeFile, IndexedTarDataset, ZipDataset, decode_image
+from packdata.datasets import (FileChangedError, FolderDataset, HttpDataset, HttpRangeFile, IndexedTarDataset, ZipDataset,
+                               decode_image)
 from packdata import store as store_module
 from packdata.packing import END_OF_TAR, TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip, tar_member
 from packdata.store import NetworkStore
@@ -294,6 +295,23 @@ def test_indexed_tar_over_http_distrusts_the_index_of_a_tar_rewritten_at_the_sam
         remote, local = IndexedTarDataset(store.url_for("t.tar")), IndexedTarDataset(tar)
         assert remote.members == local.members != indexed
         assert [remote.read_bytes(i) for i in range(len(remote))] == [local.read_bytes(i) for i in range(len(local))]
+
+
+def test_a_tar_replaced_after_the_dataset_was_built_is_refused_not_misread(archives, tmp_path):
+    jpeg, raw = (archives / "jpeg.tar").read_bytes(), (archives / "raw.tar").read_bytes()
+    tar = tmp_path / "t.tar"
+    tar.write_bytes(jpeg)
+    with NetworkStore(tmp_path, latency=0) as store:
+        remote, local = IndexedTarDataset(store.url_for("t.tar")), IndexedTarDataset(tar)
+        local._tar.close()  # as a DataLoader worker started after the change would: it opens the tar afresh
+        written = tar.stat().st_mtime_ns
+        tar.write_bytes(raw)
+        os.utime(tar, ns=(written + 1, written + 1))
+        with pytest.raises(FileChangedError, match=r"t\.tar changed after it was opened"):
+            remote.read_bytes(0)
+        with pytest.raises(FileChangedError, match=r"t\.tar changed after it was indexed"):
+            local.read_bytes(0)
+        assert IndexedTarDataset(store.url_for("t.tar")).read_bytes(0) == IndexedTarDataset(tar).read_bytes(0)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

@@ -84,6 +84,17 @@ def test_range_requests_get_206_and_the_right_bytes(store, served, header, wante
     assert headers["Content-Range"] == f"bytes {first}-{first + len(body) - 1}/{len(data)}"
 
 
+def test_if_match_serves_only_the_version_asked_for(store, served):
+    _, headers, data = get(store, "/data.bin")
+    etag = headers["ETag"]
+    for if_match in (etag, "*", f'"other", {etag}'):
+        status, _, body = get(store, "/data.bin", {"If-Match": if_match, "Range": "bytes=0-9"})
+        assert (status, body) == (206, data[:10])
+    status, headers, body = get(store, "/data.bin", {"If-Match": '"1-1"', "Range": "bytes=0-9"})
+    assert status == 412 and headers["ETag"] == etag
+    assert b"/data.bin is no longer the version asked for" in body
+
+
 @pytest.mark.parametrize("header", ["bytes=204800-", "bytes=999999-1000000", "bytes=-0"])
 def test_unsatisfiable_ranges_get_416(store, served, header):
     status, headers, _ = get(store, "/data.bin", {"Range": header})

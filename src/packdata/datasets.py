@@ -88,6 +88,10 @@ def describe_request(method, url, headers=None):
     return " ".join([method, url, *[value for name, value in (headers or {}).items() if name == "Range"]])
 
 
+class FileChangedError(OSError):
+    """An archive changed after its index was read: the offsets no longer point at its members."""
+
+
 class HttpClient:
     """Requests against one ``http://`` base URL over keep-alive connections: one per process and thread,
     opened on first use. Pickles as plain data, so DataLoader workers (fork or spawn) each open their own."""
@@ -111,12 +115,14 @@ class HttpClient:
         """The body of one GET; errors name the URL and the HTTP status (404 is a ``FileNotFoundError``)."""
         return self._expect("GET", relpath, {}, HTTPStatus.OK)[1]
 
-    def get_range(self, relpath, start, length):
-        """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when length is 0)."""
+    def get_range(self, relpath, start, length, etag=None):
+        """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when length is 0).
+        With ``etag`` (the version the offsets were read from) the server refuses another version of the file:
+        ``FileChangedError`` instead of bytes from the wrong place."""
         if length == 0:
             return b""
-        body = self._expect("GET", relpath, {"Range": f"bytes={start}-{start + length - 1}"},
-                            HTTPStatus.PARTIAL_CONTENT)[1]
+        headers = {"Range": f"bytes={start}-{start + length - 1}", **({"If-Match": etag} if etag else {})}
+        body = self._expect("GET", relpath, headers, HTTPStatus.PARTIAL_CONTENT)[1]
         if len(body) != length:
             raise OSError(f"GET {self.url_for(relpath)} returned {len(body)} of the {length} bytes asked for "
                           f"at offset {start}: the file is shorter than expected")
@@ -161,6 +167,9 @@ class HttpClient:
         """``(response, body)`` of one request that must answer ``expected_status``; errors name the request."""
         url = self.url_for(relpath)
         response, body = self.request(method, url, headers=headers)
+        if response.status == HTTPStatus.PRECONDITION_FAILED:
+            raise FileChangedError(f"{url} changed after it was opened (it was version {headers['If-Match']}, it is "
+                                   f"now {response.getheader('ETag')}): open it again, e.g. build the dataset anew")
         if response.status != expected_status:
             kind = FileNotFoundError if response.status == HTTPStatus.NOT_FOUND else OSError
             raise kind(f"{describe_request(method, url, headers)} failed: HTTP {response.status} {response.reason}")
@@ -258,7 +267,8 @@ class HttpRangeFile(io.RawIOBase):
     """A read-only, seekable file over ``http://`` (e.g. an archive on a ``NetworkStore``), enough for
     ``zipfile.ZipFile`` or ``tario.iter_members``. Opening it costs one HEAD (for the size); a read that the
     buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes. ``etag`` is the server's
-    validator of the file's version, from the same HEAD (None when it sends none)."""
+    validator of the file's version, from the same HEAD (None when it sends none); every read asks for that
+    version (``If-Match``), so a file replaced meanwhile raises ``FileChangedError``."""
 
     def __init__(self, url, read_ahead=64 * 1024, timeout=30.0):
         super().__init__()
@@ -294,7 +304,7 @@ class HttpRangeFile(io.RawIOBase):
             return b""
         if not self._buffer_start <= self._position or end > self._buffer_start + len(self._buffer):
             length = min(max(end - self._position, self.read_ahead), self.size - self._position)
-            self._buffer = self.client.get_range(self.relpath, self._position, length)
+            self._buffer = self.client.get_range(self.relpath, self._position, length, self.etag)
             self._buffer_start = self._position
         data = self._buffer[self._position - self._buffer_start:end - self._buffer_start]
         self._position = end
@@ -403,6 +413,18 @@ def remote_tar_index(remote):
     return index_members(remote, remote.name)
 
 
+def open_version(path, size, mtime_ns):
+    """``path`` opened unbuffered for reading, when it is still the version of ``size`` bytes last modified at
+    ``mtime_ns``; else ``FileChangedError``."""
+    file = open(path, "rb", buffering=0)
+    stat = os.fstat(file.fileno())
+    if (stat.st_size, stat.st_mtime_ns) != (size, mtime_ns):
+        file.close()
+        raise FileChangedError(f"{path} changed after it was indexed (size or modification time differ): "
+                               "build the dataset anew")
+    return file
+
+
 class IndexedTarDataset(EncodedImageDataset):
     """The samples of a tar (``pack_tar``'s, or a webdataset shard; a path or an ``http://`` URL), read at random
     through its member index: one ``pread`` per sample on disk, one Range GET over HTTP. Safe with DataLoader
@@ -417,12 +439,14 @@ class IndexedTarDataset(EncodedImageDataset):
         self.tar_path = str(tar_path)
         if is_url(self.tar_path):
             remote = HttpRangeFile(self.tar_path)
-            self.client, self.relpath, self._tar = remote.client, remote.relpath, None
+            self.client, self.relpath, self.etag, self._tar = remote.client, remote.relpath, remote.etag, None
             self.members = remote_tar_index(remote)
         else:
             self.client = None
-            self._tar = PerProcessHandle(partial(open, self.tar_path, "rb", buffering=0))  # each process its own
+            version = os.stat(self.tar_path)
             self.members = load_index(self.tar_path)
+            # each process opens its own, and checks it is the version that was indexed
+            self._tar = PerProcessHandle(partial(open_version, self.tar_path, version.st_size, version.st_mtime_ns))
         classes, labels, labels_from = self._labels()
         sizes = {name: size for name, (_, size) in self.members.items()}
         super().__init__(classes, rows_from_members(self.tar_path, sizes, labels, labels_from), transform, decoder)
@@ -448,7 +472,7 @@ class IndexedTarDataset(EncodedImageDataset):
         """The bytes of member ``name``: one ``pread``, or one Range GET over HTTP."""
         offset, size = self.members[name]
         if self.client is not None:
-            return self.client.get_range(self.relpath, offset, size)
+            return self.client.get_range(self.relpath, offset, size, self.etag)
         data = os.pread(self._tar.get().fileno(), size, offset)
         if len(data) != size:
             raise TarFormatError(f"{member_of(self.tar_path, name)} is truncated: {len(data)} of {size} bytes "

@@ -103,6 +103,11 @@ def file_etag(size, mtime_ns):
     return f'"{size:x}-{mtime_ns:x}"'
 
 
+def matches(if_match, etag):
+    """Whether a request's ``If-Match`` header (None when absent) lets a file with ``etag`` be served."""
+    return if_match is None or any(tag.strip() in ("*", etag) for tag in if_match.split(","))
+
+
 # --- what both servers share: files with Range and pacing, refusals, a loopback server thread ------
 
 
@@ -116,7 +121,10 @@ class _FileHandler(BaseHTTPRequestHandler):
         Headers and body describe the one version opened, even when an upload replaces the file meanwhile."""
         with path.open("rb") as file:
             stat = os.fstat(file.fileno())
-            size = stat.st_size
+            size, etag = stat.st_size, file_etag(stat.st_size, stat.st_mtime_ns)
+            if not matches(self.headers.get("If-Match"), etag):
+                return self.refuse(HTTPStatus.PRECONDITION_FAILED, f"changed: {self.path} is no longer the version "
+                                   f"asked for ({self.headers['If-Match']}); it is now {etag}", {"ETag": etag})
             try:
                 span = byte_range(self.headers.get("Range"), size)
             except ValueError:
@@ -129,7 +137,7 @@ class _FileHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
             self.send_header("Content-Length", str(end - start + 1))
             self.send_header("Accept-Ranges", "bytes")
-            self.send_header("ETag", file_etag(size, stat.st_mtime_ns))
+            self.send_header("ETag", etag)
             self.send_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
             self.end_headers()
             if send_body:
