@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from packdata.bench import BenchResult, SampleCountError, benchmark, plot_results, results_table
+from packdata.bench import BenchResult, SampleCountError, benchmark, results_table
 from packdata.datasets import FolderDataset
 
 
@@ -123,14 +123,3 @@ def test_tables_show_every_result():
     page = results_table(results)._repr_html_()
     assert page.count("<tr>") == 3 and "plain &lt;a&gt;" in page
     assert "plain <a>" in repr(results[0]) and "<table>" in results[0]._repr_html_()
-
-
-def test_plot_results_draws_numbers_as_lines_and_labels_as_bars():
-    matplotlib = pytest.importorskip("matplotlib")
-    matplotlib.use("Agg")
-    results = [BenchResult(f"{w} workers", 64, w, 1, 100, [1 / (w + 1)], [0.1]) for w in (0, 1, 2)]
-    line = plot_results(results, x="num_workers")
-    assert list(line.lines[0].get_ydata()) == [100, 200, 300]
-    bars = plot_results(results)
-    assert len(bars.patches) == 3
-    matplotlib.pyplot.close("all")

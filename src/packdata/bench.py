@@ -9,7 +9,6 @@ import html
 import statistics
 import time
 from dataclasses import dataclass, field
-from numbers import Number
 
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
@@ -183,25 +182,3 @@ def benchmark(dataset, *, batch_size=64, num_workers=0, epochs=1, warmup_epochs=
             result.first_batch_seconds.append(first_batch_s)
             result.epoch_seconds.append(epoch_s)
     return result
-
-
-def plot_results(results, x="label", y="samples_per_s", ax=None):
-    """Plot ``y`` against ``x`` (attribute names of ``BenchResult``, or ``x`` as a list of values).
-
-    Numeric ``x`` values give a line with markers; anything else gives one bar per result.
-    """
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots()
-    xs = [getattr(result, x) for result in results] if isinstance(x, str) else list(x)
-    ys = [getattr(result, y) for result in results]
-    if all(isinstance(value, Number) for value in xs):
-        ax.plot(xs, ys, marker="o")
-    else:
-        ax.bar([str(value) for value in xs], ys)
-        ax.tick_params(axis="x", labelrotation=30)
-    ax.set_xlabel(x if isinstance(x, str) else "")
-    ax.set_ylabel(y)
-    ax.set_ylim(bottom=0)
-    return ax
