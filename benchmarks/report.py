@@ -11,9 +11,10 @@ Measures, each several times (median and min–max spread):
 - reading raw bytes without decoding: folder, ZIP, indexed tar, tarfile, webdataset 1.0.2, our shard reader;
 - the decoded loaders with 0, 1 and 2 DataLoader workers, warm and cold page cache: folder, ZIP (the
   worker-safe one), indexed tar, our shard stream, webdataset. Set up as a training job would be: batches of
-  256, workers that stay across epochs (``persistent_workers=True``, timed after one untimed epoch), and
-  batches handed over by shared-memory file name (``torch.multiprocessing.set_sharing_strategy("file_system")``);
-  our stream is also measured with batches of 64 and with torch's default hand-over, to show what each is worth;
+  256, workers that stay across epochs (``persistent_workers=True``) and hand batches over by shared-memory
+  file name (``set_sharing_strategy("file_system")`` in each worker), timed after one untimed epoch; the three
+  worker counts of a loader take turns, epoch by epoch, so that a slow spell on the machine hits all three.
+  Our stream is also measured with batches of 64, and with torch's default hand-over (file descriptors);
 - per-file against sharded reads through the emulated network store at 2 ms per request, 4 workers.
 
 Writes ``build/bench/report.md``, ``build/bench/results.json`` and plots next to them, prints the key
@@ -74,7 +75,7 @@ CEILINGS = [
 # (what, measurement): our stream with 2 workers, warm, each without one of the settings, against 0 workers
 HANDOVER = [
     (f"batches of {SMALL_BATCH} instead of {BATCH}", f"handover/batches of {SMALL_BATCH}"),
-    ("torch's default hand-over (file descriptors)", "handover/file descriptors (torch's default)"),
+    ("torch's default hand-over, a file descriptor per tensor", "handover/file descriptors"),
 ]
 PAGE = 4096
 
@@ -88,22 +89,29 @@ class Results:
 
     def measure(self, group, name, run, repeats, before=None, warmup=False):
         """Call ``run`` (it returns how many samples it saw) ``repeats`` times, after one untimed call when
-        ``warmup``; record and print samples/s."""
-        rates = []
+        ``warmup``, calling ``before`` (untimed) before each; record and print samples/s."""
+        self.measure_in_turn(group, {name: run}, repeats, before, warmup)
+
+    def measure_in_turn(self, group, runs, repeats, before=None, warmup=False):
+        """``measure`` each of ``runs`` (``{name: run}``), taking turns: one call of each, ``repeats`` rounds."""
+        rates = {name: [] for name in runs}
         if warmup:
-            run()
+            for run in runs.values():
+                run()
         for _ in range(repeats):
-            if before is not None:
-                before()
-            started = time.perf_counter()
-            seen = run()
-            seconds = time.perf_counter() - started
-            if seen != self.samples:
-                raise RuntimeError(f"{group}/{name} saw {seen} samples, expected {self.samples}")
-            rates.append(seen / seconds)
-        self.rates[f"{group}/{name}"] = rates
-        print(f"  {group + '/' + name:<46}{statistics.median(rates):>11,.0f} samples/s  "
-              f"(min {min(rates):,.0f}, max {max(rates):,.0f}, n={len(rates)})")
+            for name, run in runs.items():
+                if before is not None:
+                    before()
+                started = time.perf_counter()
+                seen = run()
+                seconds = time.perf_counter() - started
+                if seen != self.samples:
+                    raise RuntimeError(f"{group}/{name} saw {seen} samples, expected {self.samples}")
+                rates[name].append(seen / seconds)
+        for name, measured in rates.items():
+            self.rates[f"{group}/{name}"] = measured
+            print(f"  {group + '/' + name:<46}{statistics.median(measured):>11,.0f} samples/s  "
+                  f"(min {min(measured):,.0f}, max {max(measured):,.0f}, n={len(measured)})")
 
     def median(self, key):
         return statistics.median(self.rates[key])
@@ -169,6 +177,12 @@ class TwoDecoders:
         return len(self.payloads)
 
 
+def use_file_names(worker_id):
+    """A DataLoader worker's ``worker_init_fn``: hand batches over by shared-memory file name (the main process
+    opens them by name) instead of passing a file descriptor for every tensor."""
+    torch.multiprocessing.set_sharing_strategy("file_system")
+
+
 def fresh_page_microseconds(pages=16_384):
     """Microseconds to touch one 4 KiB page of memory the process has never used (a page fault each): every batch a
     DataLoader worker sends lands in fresh shared memory."""
@@ -223,13 +237,13 @@ def main(argv=None):
                     warmup=True)
     results.measure("raw", "ours, headers only", lambda: headers_only(shards), repeats, warmup=True)
 
-    def staying(workers):
+    def staying(workers, handover=use_file_names):
         """DataLoader options of a training job: the workers stay from one epoch to the next."""
-        return {"num_workers": workers, "persistent_workers": workers > 0}
+        return {"num_workers": workers, "persistent_workers": workers > 0, "worker_init_fn": handover}
 
-    def our_stream(workers, batch=BATCH):
+    def our_stream(workers, batch=BATCH, handover=use_file_names):
         loader = DataLoader(ShardDataset(shards, buffer_size=BUFFER, batch_size=batch), batch_size=None,
-                            **staying(workers))
+                            **staying(workers, handover))
         return lambda: count_batches(loader)
 
     def webdataset_stream(workers):
@@ -245,19 +259,16 @@ def main(argv=None):
     loaders = {name: (lambda w, d=d: map_loader(d, w)) for name, d in maps.items()}
     loaders.update({"our stream": our_stream, "webdataset": webdataset_stream})
     paths = {"folder": [root], "ZIP": [zip_path], "indexed tar": [tar_path], "our stream": shards, "webdataset": shards}
-    torch.multiprocessing.set_sharing_strategy("file_system")
     for cache in ("warm", "cold"):
         print(f"\ndecoded, batches of {BATCH}, {cache} page cache, after one untimed epoch")
         for name, make in loaders.items():
             evict = (lambda p=paths[name]: storage.evict_from_page_cache(p)) if cache == "cold" else None
-            for workers in WORKERS:
-                results.measure(cache, f"{name}, {workers} workers", make(workers), slow_repeats, before=evict,
-                                warmup=True)
+            results.measure_in_turn(cache, {f"{name}, {workers} workers": make(workers) for workers in WORKERS},
+                                    repeats, before=evict, warmup=True)
 
-    print("\nour stream, 2 workers, warm, without one setting")
-    results.measure("handover", f"batches of {SMALL_BATCH}", our_stream(2, SMALL_BATCH), slow_repeats, warmup=True)
-    torch.multiprocessing.set_sharing_strategy("file_descriptor")
-    results.measure("handover", "file descriptors (torch's default)", our_stream(2), slow_repeats, warmup=True)
+    print("\nour stream, 2 workers, warm, with one setting changed")
+    results.measure_in_turn("handover", {f"batches of {SMALL_BATCH}": our_stream(2, SMALL_BATCH),
+                                         "file descriptors": our_stream(2, handover=None)}, repeats, warmup=True)
 
     print(f"\nthrough the emulated network store, {NETWORK_LATENCY * 1e3:g} ms per request, {NETWORK_WORKERS} workers")
     with NetworkStore(data.data_dir(), latency=NETWORK_LATENCY) as store, warnings.catch_warnings():
@@ -328,7 +339,7 @@ def report(results, samples, seconds, small):
         "- The hand-over has a cost per batch and per tensor. With torch's default, the main process fetches "
         "every tensor's file descriptor from the worker over a fresh, authenticated connection; with "
         "`set_sharing_strategy(\"file_system\")` it opens the shared memory by name. The decoded loaders above use "
-        f"batches of {BATCH} and file names. Our stream decoded, 2 workers / 0 workers, with one of them changed:",
+        f"batches of {BATCH} and file names. Our stream decoded, 2 workers / 0 workers, with one setting changed:",
         *(f"  - {h['what']}: **{h['value']:.2f}×**" for h in handover),
         f"- Touching a fresh 4 KiB page of memory costs **{results.fresh_page_us:.2f} µs** here; a worker writes "
         f"every decoded batch into fresh shared memory ({results.image_bytes:,} bytes of pixels per image: "
