@@ -118,10 +118,13 @@ class HttpClient:
     def get_range(self, relpath, start, length, etag=None):
         """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when length is 0).
         With ``etag`` (the version the offsets were read from) the server refuses another version of the file:
-        ``FileChangedError`` instead of bytes from the wrong place."""
+        ``FileChangedError`` instead of bytes from the wrong place. A weak ``W/`` ETag is not sent: ``If-Match``
+        compares strongly, so it would never match."""
         if length == 0:
             return b""
-        headers = {"Range": f"bytes={start}-{start + length - 1}", **({"If-Match": etag} if etag else {})}
+        headers = {"Range": f"bytes={start}-{start + length - 1}"}
+        if etag and not etag.startswith("W/"):
+            headers["If-Match"] = etag
         body = self._expect("GET", relpath, headers, HTTPStatus.PARTIAL_CONTENT)[1]
         if len(body) != length:
             raise OSError(f"GET {self.url_for(relpath)} returned {len(body)} of the {length} bytes asked for "
@@ -167,7 +170,7 @@ class HttpClient:
         """``(response, body)`` of one request that must answer ``expected_status``; errors name the request."""
         url = self.url_for(relpath)
         response, body = self.request(method, url, headers=headers)
-        if response.status == HTTPStatus.PRECONDITION_FAILED:
+        if response.status == HTTPStatus.PRECONDITION_FAILED and "If-Match" in headers:
             raise FileChangedError(f"{url} changed after it was opened (it was version {headers['If-Match']}, it is "
                                    f"now {response.getheader('ETag')}): open it again, e.g. build the dataset anew")
         if response.status != expected_status:
