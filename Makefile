@@ -62,7 +62,7 @@ test: export PACKDATA_SIZE := small
 test: setup data notebooks exercises-check  ## set everything up and run every test (unit tests and notebooks)
 	@$(BIN)/python -m pytest -p no:cacheprovider tests $(LESSON_DIRS) --nbval-lax
 
-bench: setup data  ## every loader on the same data, side by side: build/bench/report.md (about 3 minutes)
+bench: setup data  ## every loader on the same data, side by side: build/bench/report.md (about 5 minutes)
 	@$(BIN)/python benchmarks/report.py
 
 bench-quick: setup  ## the same on the 500-image dataset, to check that every loader runs (targets not judged)

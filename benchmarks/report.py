@@ -1,6 +1,6 @@
 """make bench: every loader of the course on the same data, side by side, in one run.
 
-    python benchmarks/report.py            # workshop dataset (10,000 images), about 3 minutes on 2 cores
+    python benchmarks/report.py            # workshop dataset (10,000 images), about 5 minutes on 2 cores
     python benchmarks/report.py --small    # the 500-image dataset and fewer repeats: a quick check
 
 Measures, each several times (median and min–max spread):
@@ -238,7 +238,8 @@ def main(argv=None):
     results.measure("raw", "ours, headers only", lambda: headers_only(shards), repeats, warmup=True)
 
     def staying(workers, handover=use_file_names):
-        """DataLoader options of a training job: the workers stay from one epoch to the next."""
+        """DataLoader options of a training job: the workers stay from one epoch to the next; ``handover`` is
+        their ``worker_init_fn`` (batches handed over by file name unless None)."""
         return {"num_workers": workers, "persistent_workers": workers > 0, "worker_init_fn": handover}
 
     def our_stream(workers, batch=BATCH, handover=use_file_names):
