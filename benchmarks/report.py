@@ -147,6 +147,7 @@ def decode_all(payloads):
 
 
 def decode_when_told(ready, go, payloads):
+    """A ``TwoDecoders`` process: say it is ready, wait for the start, decode."""
     ready.wait()
     go.wait()
     decode_all(payloads)
