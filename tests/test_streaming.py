@@ -13,7 +13,7 @@ import torch
 import webdataset
 from torch.utils.data import DataLoader
 
-from packdata import data, tario
+from packdata import data, streaming, tario
 from packdata.datasets import decode_image
 from packdata.shards import write_shards
 from packdata.store import NetworkStore
@@ -211,6 +211,26 @@ def test_the_shuffle_buffer_is_a_permutation(size, count):
 
 
 # --- decoding, batching, equalising ------------------------------------------------------------------
+
+
+def test_a_shard_is_freed_before_the_next_is_read(urls, monkeypatch):
+    """Two shards alive at once would make every read pay page faults for memory the last one just gave back."""
+    alive, alive_at_each_read = set(), []
+
+    class Tracked(bytes):
+        def __del__(self):
+            alive.discard(id(self))
+
+    def read_tracked(shard):
+        alive_at_each_read.append(len(alive))
+        with open(shard, "rb") as file:
+            data = Tracked(file.read())
+        alive.add(id(data))
+        return data
+
+    monkeypatch.setattr(streaming, "read_shard", read_tracked)
+    assert sum(1 for _ in ShardDataset(urls, keys=KEYS, decode=False)) == 60
+    assert alive_at_each_read == [0] * len(urls)
 
 
 def test_samples_decode_to_the_source_pixels_and_labels(urls, tiny_dataset):

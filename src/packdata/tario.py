@@ -307,7 +307,9 @@ def load_index(tar_path, rebuild=True):
 _REGULAR_FLAGS = {ord(flag) for flag in REGULAR_TYPES}
 _PAX_FLAGS = {ord(flag) for flag in PAX_TYPES}
 _GLOBAL_PAX_FLAG = ord(GLOBAL_PAX_TYPE)
-_USTAR = np.frombuffer(USTAR_MAGIC, np.uint8)
+_MAGIC_WORD = 256 // 8  # bytes 256-263 of a header, read as one little-endian 64-bit word, hold the magic at 257-262
+_MAGIC_MASK = np.uint64(0x00FFFFFFFFFFFF00)
+_MAGIC = np.uint64(int.from_bytes(b"\0" + USTAR_MAGIC + b"\0", "little"))
 _OCTAL_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # of an 11-digit octal field
 
 
@@ -374,15 +376,15 @@ def scan_plain(data, archive="<tar>"):
     """
     if len(data) % BLOCK or len(data) < 2 * BLOCK:
         return None
-    blocks = np.frombuffer(data, np.uint8).reshape(-1, BLOCK)
-    candidates = np.flatnonzero(blocks[:, 257] == _USTAR[0])
-    candidates = candidates[(blocks[candidates, 257:263] == _USTAR).all(axis=1)]
+    words = np.frombuffer(data, "<u8").reshape(-1, BLOCK // 8)
+    candidates = np.flatnonzero((words[:, _MAGIC_WORD] & _MAGIC_MASK) == _MAGIC)
     if not candidates.size or candidates[0] != 0:
         return None
-    headers = blocks[candidates]
-    digits = headers[:, 124:135].astype(np.int64) - ord("0")
+    blocks = np.frombuffer(data, np.uint8).reshape(-1, BLOCK)
+    headers = blocks.take(candidates, axis=0)
+    digits = headers[:, 124:135] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
     flags = headers[:, 156]
-    if ((digits < 0) | (digits > 7)).any() or headers[:, 345].any() or not ((flags == 0) | (flags == ord("0"))).all():
+    if (digits > 7).any() or headers[:, 345].any() or not ((flags == 0) | (flags == ord("0"))).all():
         return None  # base-256 sizes, a name prefix, links, folders, pax or GNU records: the general walk
     sizes = digits @ _OCTAL_WEIGHTS
     following = candidates + 1 + (sizes + BLOCK - 1) // BLOCK
