@@ -5,9 +5,10 @@
 
 Measures, each several times (median and min–max spread):
 
-- the limits: reading the shard files whole (the bytes limit); JPEG decoding alone on one core and split over
-  two plain processes, timed once both have started (the most that two DataLoader workers could gain); what
-  touching fresh memory costs;
+- the limits: reading the shard files whole (the bytes limit), and also cutting them into samples at offsets
+  known in advance (the most a reader that hands out ``bytes`` can reach); JPEG decoding alone on one core and
+  split over two plain processes, timed once both have started (the most that two DataLoader workers could
+  gain); what touching fresh memory costs;
 - reading raw bytes without decoding: folder, ZIP, indexed tar, tarfile, webdataset 1.0.2, our shard reader;
 - the decoded loaders with 0, 1 and 2 DataLoader workers, warm and cold page cache: folder, ZIP (the
   worker-safe one), indexed tar, our shard stream, webdataset. Set up as a training job would be: batches of
@@ -67,10 +68,15 @@ TARGETS = [
     (f"shards / per-file at {NETWORK_LATENCY * 1e3:g} ms, {NETWORK_WORKERS} workers", "network/shards",
      "network/per-file", 20.0, "{:.0f}×"),
 ]
-# (what, numerator, denominator, format): ceilings measured in the same run, to read the targets against
+# (what, numerator, denominator, format, meaning): ceilings measured in the same run, to read the targets against
 CEILINGS = [
     ("JPEG decode alone, 2 processes / 1 (no DataLoader)", "limit/JPEG decode, two processes",
-     "limit/JPEG decode, one core", "{:.2f}×"),
+     "limit/JPEG decode, one core", "{:.2f}×", "the most two DataLoader workers could gain on this machine; the "
+     "workers also pay for handing every batch to the main process, which needs a share of a core to receive it"),
+    ("Shard files read whole and cut into samples at offsets known in advance / bytes limit",
+     "limit/shard files cut at known offsets", "limit/shard files read whole", "{:.0%}",
+     "the most any reader that hands out every sample as a tuple of `bytes` could reach, before finding a single "
+     "header"),
 ]
 # (what, measurement): our stream with 2 workers, warm, each without one of the settings, against 0 workers
 HANDOVER = [
@@ -133,6 +139,23 @@ def read_all(paths):
     for path in paths:
         with open(path, "rb") as file:
             file.read()
+
+
+def member_spans(path):
+    """Where the samples' members lie in one shard: ``(begins, ends)`` of the first member of every sample, then
+    of the second."""
+    _, starts, sizes = scan_plain(read_shard(path), path)
+    return [(starts[first::2].tolist(), (starts[first::2] + sizes[first::2]).tolist()) for first in range(2)]
+
+
+def cut_at_known_offsets(paths, spans):
+    """Samples in the shards when each is read whole and cut into tuples of two ``bytes`` at the ``member_spans``
+    found beforehand: a reader's work without the reading of headers."""
+    count = 0
+    for path, columns in zip(paths, spans):
+        data = read_shard(path)
+        count += sum(1 for _ in zip(*(map(data.__getitem__, map(slice, *column)) for column in columns)))
+    return count
 
 
 def headers_only(paths):
@@ -219,6 +242,9 @@ def main(argv=None):
 
     print("\nlimits")
     results.measure("limit", "shard files read whole", lambda: read_all(shards) or samples, repeats)
+    spans = [member_spans(path) for path in shards]
+    results.measure("limit", "shard files cut at known offsets", lambda: cut_at_known_offsets(shards, spans), repeats,
+                    warmup=True)
     payloads = [maps["folder"].read_bytes(i) for i in range(samples)]
     results.image_bytes = decode_image(payloads[0]).numel()
     results.measure("limit", "JPEG decode, one core", lambda: decode_all(payloads) or samples, slow_repeats)
@@ -302,8 +328,8 @@ def report(results, samples, seconds, small):
         ratios.append({"what": what, "value": value, "target": target, "met": met, "format": spec})
         missed += [] if met else [what]
         print(f"  {what:<48}{spec.format(value):>8}  (≥ {spec.format(target)})  {'met' if met else 'MISSED'}")
-    ceilings = [{"what": what, "value": results.median(top) / results.median(bottom), "format": spec}
-                for what, top, bottom, spec in CEILINGS]
+    ceilings = [{"what": what, "value": results.median(top) / results.median(bottom), "format": spec,
+                 "meaning": meaning} for what, top, bottom, spec, meaning in CEILINGS]
     for ceiling in ceilings:
         print(f"  ceiling: {ceiling['what']} {ceiling['format'].format(ceiling['value'])}")
     single = results.median("warm/our stream, 0 workers")
@@ -311,7 +337,8 @@ def report(results, samples, seconds, small):
     for setting in handover:
         print(f"  our stream decoded, 2 workers / 0 workers, with {setting['what']}: {setting['value']:.2f}×")
     per_sample = {key: 1e6 / results.median(key)
-                  for key in ("limit/shard files read whole", "raw/ours, headers only", "raw/ours")}
+                  for key in ("limit/shard files read whole", "limit/shard files cut at known offsets",
+                              "raw/ours, headers only", "raw/ours")}
 
     env = system.environment_report()
     load = os.getloadavg()[1] if hasattr(os, "getloadavg") else float("nan")
@@ -335,9 +362,7 @@ def report(results, samples, seconds, small):
         "",
         "## What bounds them",
         "",
-        *(f"- {c['what']}: **{c['format'].format(c['value'])}**, the most two DataLoader workers could gain on "
-          "this machine; the workers also pay for handing every batch to the main process, which needs a share of "
-          "a core to receive it." for c in ceilings),
+        *(f"- {c['what']}: **{c['format'].format(c['value'])}**, {c['meaning']}." for c in ceilings),
         "- The hand-over has a cost per batch and per tensor. With torch's default, the main process fetches "
         "every tensor's file descriptor from the worker over a fresh, authenticated connection; with "
         "`set_sharing_strategy(\"file_system\")` it opens the shared memory by name. The decoded loaders above use "
@@ -349,8 +374,10 @@ def report(results, samples, seconds, small):
         f"- Per sample, reading the shard files whole takes **{per_sample['limit/shard files read whole']:.2f} µs**, "
         f"our reader **{per_sample['raw/ours']:.2f} µs**: reading each shard and finding and checking its headers "
         f"(vectorised) takes **{per_sample['raw/ours, headers only']:.2f} µs**, the rest is handing out every sample "
-        "as a tuple of `bytes`, Python objects of a fraction of a microsecond each. The smaller the samples, the "
-        "further the bytes limit runs ahead of any per-sample work.",
+        "as a tuple of `bytes`. Reading the shards whole and cutting the samples out at offsets known in advance "
+        f"takes **{per_sample['limit/shard files cut at known offsets']:.2f} µs**: every sample is a few Python "
+        "objects and a second copy of its bytes, and the smaller the samples, the further the bytes limit runs ahead "
+        "of that per-sample work.",
         "",
         "## Every measurement (samples/s)",
         "",
