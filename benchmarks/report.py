@@ -150,12 +150,13 @@ def member_spans(path):
 
 def cut_at_known_offsets(paths, spans):
     """Samples in the shards when each is read whole and cut into tuples of two ``bytes`` at the ``member_spans``
-    found beforehand: a reader's work without the reading of headers."""
-    count = 0
-    for path, columns in zip(paths, spans):
-        data = read_shard(path)
-        count += sum(1 for _ in zip(*(map(data.__getitem__, map(slice, *column)) for column in columns)))
-    return count
+    found beforehand: a reader's work without the reading of headers. Each shard is dropped before the next is read,
+    as our reader does (two alive at once would cost page faults)."""
+    return sum(cut_shard(read_shard(path), columns) for path, columns in zip(paths, spans))
+
+
+def cut_shard(data, columns):
+    return sum(1 for _ in zip(*(map(data.__getitem__, map(slice, *column)) for column in columns)))
 
 
 def headers_only(paths):
