@@ -156,6 +156,7 @@ def cut_at_known_offsets(paths, spans):
 
 
 def cut_shard(data, columns):
+    """Samples in one shard held in ``data``, cut at ``columns`` (its ``member_spans``)."""
     return sum(1 for _ in zip(*(map(data.__getitem__, map(slice, *column)) for column in columns)))
 
 
