@@ -332,6 +332,7 @@ def report(results, samples, seconds, small):
         print(f"  {what:<48}{spec.format(value):>8}  (≥ {spec.format(target)})  {'met' if met else 'MISSED'}")
     ceilings = [{"what": what, "value": results.median(top) / results.median(bottom), "format": spec,
                  "meaning": meaning} for what, top, bottom, spec, meaning in CEILINGS]
+    ceilings.insert(1, page_bound(results, ceilings[0]["value"]))
     for ceiling in ceilings:
         print(f"  ceiling: {ceiling['what']} {ceiling['format'].format(ceiling['value'])}")
     single = results.median("warm/our stream, 0 workers")
@@ -400,6 +401,18 @@ def report(results, samples, seconds, small):
     plot_loaders(results)
     print(f"\nreport: {OUT / 'report.md'}")
     return missed
+
+
+def page_bound(results, decode_ceiling):
+    """The decode ceiling once each worker also fills fresh shared memory with every sample's pixels: the two
+    processes' gain scaled by decode time / (decode time + that sample's pages × the cost of a fresh page)."""
+    decode_us = 1e6 / results.median("limit/JPEG decode, one core")
+    pages_us = results.image_bytes / PAGE * results.fresh_page_us
+    return {"what": "JPEG decode, 2 processes / 1, each also filling fresh pages with its pixels",
+            "value": decode_ceiling * decode_us / (decode_us + pages_us), "format": "{:.2f}×",
+            "meaning": f"the ceiling above scaled by {decode_us:.0f} µs of decoding per sample against "
+                       f"{pages_us:.1f} µs of fresh pages (below): what two workers can reach here before the main "
+                       "process takes its share"}
 
 
 def plot_loaders(results):
