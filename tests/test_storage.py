@@ -2,9 +2,10 @@ import os
 
 import pytest
 
+from packdata import storage
 from packdata.data import load_manifest, verify_dataset
-from packdata.storage import (NOT_MEASURED, REFERENCE_STORAGE, evict_from_page_cache, fs_overhead, time_listing,
-                              time_stat, walk)
+from packdata.storage import (NOT_MEASURED, REFERENCE_STORAGE, evict_from_page_cache, filesystem_type, fs_overhead,
+                              time_listing, time_stat, walk)
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise is Linux/BSD only")
@@ -19,6 +20,19 @@ def test_eviction_declines_clearly_without_posix_fadvise(tiny_dataset, monkeypat
     monkeypatch.delattr(os, "posix_fadvise", raising=False)
     with pytest.warns(RuntimeWarning, match="posix_fadvise is not available"):
         assert evict_from_page_cache(tiny_dataset) is False
+
+
+def test_eviction_declines_clearly_on_a_filesystem_that_ignores_it(tiny_dataset, monkeypatch):
+    monkeypatch.setattr(storage, "filesystem_type", lambda path: "tmpfs")
+    with pytest.warns(RuntimeWarning, match="on tmpfs, which keeps files only in memory: nothing was evicted"):
+        assert evict_from_page_cache(tiny_dataset) is False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mounts"), reason="no mount table (macOS, Windows)")
+def test_filesystem_type_comes_from_the_closest_mount_point(tmp_path):
+    assert filesystem_type("/") and filesystem_type(tmp_path)
+    if os.path.ismount("/dev/shm"):
+        assert filesystem_type("/dev/shm") == "tmpfs"
 
 
 def test_fs_overhead_counts_add_up(tiny_dataset):

@@ -7,6 +7,10 @@ import warnings
 from dataclasses import dataclass
 
 NOT_MEASURED = "published typical figure, not measured here"
+UNEVICTABLE = {  # filesystems whose files cannot be dropped from memory with posix_fadvise
+    "tmpfs": "which keeps files only in memory", "ramfs": "which keeps files only in memory",
+    "zfs": "whose own cache (the ARC) ignores the request",
+}
 
 
 @dataclass(frozen=True)
@@ -62,15 +66,39 @@ def regular_files(paths):
             yield path
 
 
+def filesystem_type(path):
+    """The type of the filesystem holding ``path`` (``"ext4"``, ``"tmpfs"``, …) from ``/proc/self/mounts``: the
+    mount point that contains it most closely. None where there is no such table (macOS, Windows)."""
+    path, best, kind = os.path.realpath(path), "", None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                _, point, fstype, *_ = line.split()
+                point = point.replace("\\040", " ")  # the table escapes spaces in mount points
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fstype
+    except OSError:
+        return None
+    return kind
+
+
 def evict_from_page_cache(paths):
     """Ask the kernel to drop ``paths`` (files, or folders to walk) from the page cache, so the next read
-    comes from the device. Needs no root. Returns False, with a warning, where ``posix_fadvise`` is missing."""
+    comes from the device. Needs no root. Returns False, with a warning, where that cannot work: no
+    ``posix_fadvise`` (macOS, Windows), or a filesystem that ignores the request (``UNEVICTABLE``)."""
     if not hasattr(os, "posix_fadvise"):
         warnings.warn("os.posix_fadvise is not available on this platform (macOS, Windows): "
                       "the page cache was not evicted, so the next reads may be served from memory", RuntimeWarning)
         return False
+    files = list(regular_files(paths))
+    folders = {os.path.dirname(os.path.abspath(path)) for path in files}
+    for kind in {filesystem_type(folder) for folder in folders} & set(UNEVICTABLE):
+        warnings.warn(f"these files are on {kind}, {UNEVICTABLE[kind]}: nothing was evicted, so the next reads are "
+                      "served from memory; put the data on a disk to measure cold reads", RuntimeWarning)
+        return False
     os.sync()  # the kernel drops only clean pages: write out freshly written files first (one call for all)
-    for path in regular_files(paths):
+    for path in files:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

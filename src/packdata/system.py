@@ -1,19 +1,44 @@
 """What machine are we on? Versions, cores, accelerator, start method: the facts a loader depends on."""
 
+import math
 import multiprocessing
 import os
 import platform
 from importlib import metadata
+from pathlib import Path
 
+CGROUP_ROOT = "/sys/fs/cgroup"  # where a container sees its own cgroup
 PACKAGES = ("torch", "torchvision", "webdataset", "numpy", "pillow", "jupytext", "matplotlib")
 
 
 def usable_cores():
-    """CPU cores this process may run on (respects container and affinity limits where the OS says)."""
+    """CPU cores this process may use: its affinity mask, capped by its container's CPU quota when it has one."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(CGROUP_ROOT)
+    return cores if quota is None else min(cores, quota)
+
+
+def cgroup_cpu_quota(root):
+    """The CPU quota of the cgroup whose files are in ``root``, in whole cores (rounded up), or None without one.
+
+    Docker and Kubernetes (and so most JupyterHubs) cap a container's CPUs this way, with cgroup v2's ``cpu.max``
+    or v1's ``cpu.cfs_quota_us``; the affinity mask still lists every core of the machine.
+    """
+    root = Path(root)
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]  # v2: "max 100000" or "200000 100000"
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())  # v1: -1 when there is no quota
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return max(1, math.ceil(quota / period)) if quota > 0 else None
 
 
 def pick_device():
