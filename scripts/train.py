@@ -5,11 +5,12 @@
 
 Each rank streams its own shards (``ShardDataset`` splits the list by rank, then by DataLoader worker), every rank
 runs the same number of steps (``common_steps``) so no gradient all-reduce waits for a rank that has run out,
-and rank 0 reports the test accuracy. gloo on CPU; NCCL when every rank has a GPU.
+and rank 0 reports the test accuracy. NCCL when every rank on a machine has a GPU of its own, else gloo on CPU.
 """
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -33,23 +34,31 @@ def parse_args(argv=None):
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     parser.add_argument("--buffer", type=int, default=500, help="shuffle buffer per worker, in samples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--classes", type=int, default=10, help="number of classes the model tells apart")
     parser.add_argument("--report", type=Path, help="folder for one JSON per rank: its steps and sample keys")
     return parser.parse_args(argv)
 
 
+def ddp_device():
+    """This rank's device: its own GPU (by ``LOCAL_RANK``) when the machine has one per rank, else the CPU, where
+    gloo runs (gloo handles only CPU and CUDA tensors, so never Apple's MPS; ranks sharing a GPU break NCCL)."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if pick_device().type == "cuda" and torch.cuda.device_count() >= ranks_here:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
 def main(argv=None):
     args = parse_args(argv)
-    device = pick_device()
+    device = ddp_device()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    if device.type == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.set_num_threads(1)  # the ranks share the cores; don't let each try to use them all
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
 
     dataset = ShardDataset(args.shards, rank=rank, world_size=world_size, seed=args.seed, buffer_size=args.buffer,
                            keys=("jpg", "cls", "__key__"), equalize=True)
-    model = DistributedDataParallel(SmallCNN().to(device))
+    model = DistributedDataParallel(SmallCNN(args.classes).to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     keys, steps_run = [], []  # per epoch: the keys of the samples trained on, the steps run
 

@@ -91,6 +91,12 @@ def test_a_pattern_expands_to_the_written_shards(shard_dir, urls):
     assert expand_shards(str(shard_dir / "train-{000000..000006}.tar")) == urls
 
 
+@pytest.mark.parametrize("shard", ["https://example.com/train-000000.tar", "s3://bucket/train-000000.tar"])
+def test_a_url_we_cannot_read_is_refused_by_name(shard):
+    with pytest.raises(ValueError, match=f"cannot read '{shard}': shards are local paths or http:// URLs"):
+        ShardDataset([shard])
+
+
 @pytest.mark.parametrize("empty", [[], (), ""])
 def test_an_empty_shard_list_is_refused(empty):
     with pytest.raises(ValueError, match="shard list is empty"):

@@ -51,6 +51,10 @@ def expand_shards(shards):
     expanded = [name for shard in shards for name in braceexpand(str(shard))]
     if not expanded:
         raise ValueError("the shard list is empty: give a brace pattern, a list of paths, or http:// URLs")
+    foreign = [name for name in expanded if "://" in name and not is_url(name)]
+    if foreign:
+        raise ValueError(f"cannot read {foreign[0]!r}: shards are local paths or http:// URLs; read https://, s3:// "
+                         "and other schemes through s3fs or a webdataset pipe: command")
     repeated = [name for name, times in Counter(expanded).items() if times > 1]
     if repeated:
         raise ValueError(f"the shard list names {repeated[0]!r} more than once: its samples would come twice an epoch")
