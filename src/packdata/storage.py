@@ -93,7 +93,9 @@ def evict_from_page_cache(paths):
         return False
     files = list(regular_files(paths))
     folders = {os.path.dirname(os.path.abspath(path)) for path in files}
-    for kind in {filesystem_type(folder) for folder in folders} & set(UNEVICTABLE):
+    unevictable = sorted({filesystem_type(folder) for folder in folders} & set(UNEVICTABLE))
+    if unevictable:
+        kind = unevictable[0]
         warnings.warn(f"these files are on {kind}, {UNEVICTABLE[kind]}: nothing was evicted, so the next reads are "
                       "served from memory; put the data on a disk to measure cold reads", RuntimeWarning)
         return False
