@@ -8,6 +8,7 @@ import tarfile
 import warnings
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 import webdataset
@@ -373,6 +374,32 @@ def test_checksum_fields_in_other_spellings_are_read():
         archive[offset + 148:offset + 156] = f"{checksum:07o}\x00".encode()  # 7 digits and a NUL, as some tars have
     assert tario.scan_plain(bytes(archive), "t.tar") is not None
     assert list(tario.iter_buffer(bytes(archive), "t.tar")) == expected
+
+
+@pytest.mark.parametrize("width", [3, 8, 12])
+def test_has_duplicates_compares_whole_rows(width):
+    rows = np.frombuffer(b"".join(f"{i:0{width}d}".encode() for i in (5, 17, 3)), np.uint8).reshape(3, width)
+    assert not streaming.has_duplicates(rows)
+    assert streaming.has_duplicates(np.concatenate([rows, rows[1:2]]))
+
+
+@pytest.mark.parametrize("key_length", [6, 20])
+def test_the_fast_path_leaves_a_duplicate_key_to_the_general_path(key_length):
+    def archive(keys):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for key, extension in itertools.product(keys, ("jpg", "cls")):
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = len(key)
+                tar.addfile(info, io.BytesIO(key.encode()))
+        return buffer.getvalue()
+
+    first, second = (f"{i:0{key_length}d}" for i in (1, 2))
+    assert list(streaming.plain_tuples(archive([first, second]), "t.tar", ("__key__", "cls"))) == [
+        (first, first.encode()), (second, second.encode())]
+    repeated = archive([first, second, first])
+    assert tario.scan_plain(repeated, "t.tar") is not None
+    assert streaming.plain_tuples(repeated, "t.tar", ("jpg", "cls")) is None
 
 
 @pytest.mark.parametrize("cut", [100, 700, 1030, "before the end block"])

@@ -138,34 +138,49 @@ def plain_tuples(data, shard, keys):
     matrix = names.view(np.uint8).reshape(len(names), -1)  # one row of name bytes per member, NUL-padded
     dots = (matrix == ord(".")).argmax(axis=1)
     dot = int(dots[0])
-    if dot == 0 or (dots != dot).any() or (matrix == ord("/")).any() or (matrix[:, :2] == ord("_")).all(axis=1).any():
+    if dot == 0 or (dots != dot).any() or ((matrix[:, 0] == ord("_")) & (matrix[:, 1] == ord("_"))).any():
         return None
-    member_keys = np.ascontiguousarray(matrix[:, :dot]).view(f"S{dot}").ravel()
+    key_columns = np.ascontiguousarray(matrix[:, :dot])  # a NUL among them would end the name before its dot
+    if ((key_columns == ord("/")) | (key_columns == 0)).any():
+        return None
+    member_keys = key_columns.view(f"S{dot}").ravel()
     firsts = np.flatnonzero(np.concatenate([[True], member_keys[1:] != member_keys[:-1]]))
     width = len(member_keys) // len(firsts)  # members per sample, when every sample has the same ones
-    extensions = matrix[:, dot + 1:]
     if width * len(firsts) != len(member_keys) or (firsts != np.arange(0, len(member_keys), width)).any():
         return None
+    layout = [bytes(row).split(b"\x00", 1)[0] for row in matrix[:width, dot + 1:]]  # the first sample's extensions
+    extensions = matrix[:, dot + 1:dot + 2 + max(map(len, layout))]  # as far as the longest one's terminating NUL
     if (extensions.reshape(len(firsts), width, -1) != extensions[:width]).any():
         return None
-    layout = [bytes(row).rstrip(b"\x00").decode("utf-8", "surrogateescape") for row in extensions[:width]]
-    sample_keys = member_keys[firsts].tolist()
-    if len(set(layout)) != width or len(set(sample_keys)) != len(sample_keys):
+    layout = [extension.decode("utf-8", "surrogateescape") for extension in layout]
+    if any("/" in extension for extension in layout) or len(set(layout)) != width:
         return None
-    if not set(keys) <= {"__key__", "__url__", *layout}:
+    if not set(keys) <= {"__key__", "__url__", *layout} or has_duplicates(key_columns[firsts]):
         return None
     columns = []
     for key in keys:
         if key == "__key__":
-            columns.append(name.decode("utf-8", "surrogateescape") for name in sample_keys)
+            columns.append(name.decode("utf-8", "surrogateescape") for name in member_keys[firsts].tolist())
         elif key == "__url__":
-            columns.append(repeat(shard, len(sample_keys)))
+            columns.append(repeat(shard, len(firsts)))
         else:
             position = layout.index(key)
             begin = starts[position::width]
             ends = begin + sizes[position::width]
             columns.append(map(data.__getitem__, map(slice, begin.tolist(), ends.tolist())))
     return zip(*columns)
+
+
+def has_duplicates(rows):
+    """True when two rows of the ``uint8`` matrix ``rows`` are equal. Rows of up to 8 bytes are compared as sorted
+    64-bit numbers, longer ones as a set of ``bytes``."""
+    count, width = rows.shape
+    if width > 8:
+        return len(set(rows.view(f"S{width}").ravel().tolist())) != count
+    padded = np.zeros((count, 8), np.uint8)
+    padded[:, :width] = rows
+    numbers = np.sort(padded.view("<u8").ravel())
+    return bool((numbers[1:] == numbers[:-1]).any())
 
 
 def read_tuples(shards, keys, report):
@@ -416,9 +431,12 @@ class ShardDataset(IterableDataset):
             samples = decode(samples, self.keys, self.transform, self.decoder, report)
         if self.batch_size:
             samples = batched(samples, self.batch_size)
+        return samples if report is raise_now else self.reporting(samples, report)
+
+    def reporting(self, samples, skips):
+        """Yield from ``samples``, then keep the epoch's ``skips`` in ``last_skips`` and warn when there were any."""
         yield from samples
-        if report is not raise_now:
-            self.last_skips = report
-            if report:
-                warnings.warn(report.summary(), stacklevel=2)
+        self.last_skips = skips
+        if skips:
+            warnings.warn(skips.summary(), stacklevel=2)
 

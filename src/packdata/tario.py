@@ -310,7 +310,8 @@ _GLOBAL_PAX_FLAG = ord(GLOBAL_PAX_TYPE)
 _MAGIC_WORD = 256 // 8  # bytes 256-263 of a header, read as one little-endian 64-bit word, hold the magic at 257-262
 _MAGIC_MASK = np.uint64(0x00FFFFFFFFFFFF00)
 _MAGIC = np.uint64(int.from_bytes(b"\0" + USTAR_MAGIC + b"\0", "little"))
-_OCTAL_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)  # of an 11-digit octal field
+# the place values of an 11-digit octal field, as floats: exact below 2**53, and BLAS multiplies them twice as fast
+_OCTAL_WEIGHTS = 8.0 ** np.arange(10, -1, -1)
 
 
 def _size_of(data, position, archive):
@@ -334,22 +335,36 @@ def _name_of(data, position):
 
 
 def _byte_sums(headers):
-    """The sum of each 512-byte row: its two halves added as 16-bit numbers (each ≤ 510), then summed in 32 bits."""
-    halves = headers[:, :BLOCK // 2].astype(np.uint16) + headers[:, BLOCK // 2:]
-    return halves.sum(axis=1, dtype=np.uint32).astype(np.int64)
+    """The sum of each 512-byte row. Its two halves are added as 16-bit numbers (each at most 510); each row of those,
+    read as 64 words of four 16-bit lanes, sums without carries between lanes (64 * 510 < 2**16); the lanes add up."""
+    halves = np.add(headers[:, :BLOCK // 2], headers[:, BLOCK // 2:], dtype=np.uint16)
+    lanes = halves.view("<u8").sum(axis=1)
+    return sum((lanes >> np.uint64(shift)) & np.uint64(0xFFFF) for shift in (0, 16, 32, 48)).astype(np.int64)
+
+
+def _stored_checksums(headers):
+    """The checksum field of each row, and the sum of its bytes, when every row writes it as ``"%06o\\0 "`` (as
+    tarfile and GNU tar do); else None."""
+    field = headers[:, 148:156]
+    digits = field[:, :6] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
+    if (digits > 7).any() or field[:, 6].any() or (field[:, 7] != ord(" ")).any():
+        return None
+    stored = (digits @ _OCTAL_WEIGHTS[-6:]).astype(np.int64)
+    return stored, digits.sum(axis=1, dtype=np.int64) + 6 * ord("0") + ord(" ")
 
 
 def _bad_checksums(headers):
     """Indices of the 512-byte rows of ``headers`` whose stored checksum differs from their byte sum."""
-    field = headers[:, 148:156].astype(np.int64)
-    computed = _byte_sums(headers) - field.sum(axis=1) + 8 * ord(" ")  # the field itself counts as spaces
-    digits = field - ord("0")
-    is_digit = (digits >= 0) & (digits <= 7)  # octal digits; the NULs and spaces around them are skipped
-    if is_digit[:, :6].all() and (field[:, 6:] == (0, ord(" "))).all():  # "%06o\0 ", as tarfile and GNU tar write it
-        stored = digits[:, :6] @ _OCTAL_WEIGHTS[-6:]
+    common = _stored_checksums(headers)
+    if common is not None:
+        stored, field_sums = common
     else:
+        field = headers[:, 148:156].astype(np.int64)
+        field_sums, digits = field.sum(axis=1), field - ord("0")
+        is_digit = (digits >= 0) & (digits <= 7)  # octal digits; the NULs and spaces around them are skipped
         weight = 3 * (is_digit[:, ::-1].cumsum(axis=1)[:, ::-1] - is_digit)  # 3 bits per octal digit to its right
         stored = np.where(is_digit, digits << weight, 0).sum(axis=1)
+    computed = _byte_sums(headers) - field_sums + 8 * ord(" ")  # the field itself counts as spaces
     return np.flatnonzero(stored != computed)
 
 
@@ -386,7 +401,7 @@ def scan_plain(data, archive="<tar>"):
     flags = headers[:, 156]
     if (digits > 7).any() or headers[:, 345].any() or not ((flags == 0) | (flags == ord("0"))).all():
         return None  # base-256 sizes, a name prefix, links, folders, pax or GNU records: the general walk
-    sizes = digits @ _OCTAL_WEIGHTS
+    sizes = (digits @ _OCTAL_WEIGHTS).astype(np.int64)
     following = candidates + 1 + (sizes + BLOCK - 1) // BLOCK
     if (following[:-1] != candidates[1:]).any() or following[-1] >= len(blocks) or blocks[following[-1]].any():
         return None
