@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from packdata.bench import BenchResult, SampleCountError, benchmark, results_table
+from packdata.bench import BenchResult, SampleCountError, benchmark, results_table, too_short_to_judge
 from packdata.datasets import FolderDataset
 
 
@@ -123,3 +123,9 @@ def test_tables_show_every_result():
     page = results_table(results)._repr_html_()
     assert page.count("<tr>") == 3 and "plain &lt;a&gt;" in page
     assert "plain <a>" in repr(results[0]) and "<table>" in results[0]._repr_html_()
+
+
+def test_short_epochs_are_too_short_to_judge():
+    long, short = (BenchResult("r", 8, 0, 2, 16, epoch_seconds=[seconds, 1.0]) for seconds in (0.9, 0.1))
+    assert too_short_to_judge([long]) is None
+    assert "an epoch took 100 ms, under 0.5 s" in too_short_to_judge([long, short])

@@ -34,6 +34,15 @@ def test_serves_on_loopback_and_sets_the_endpoint_only_while_running(monkeypatch
     assert os.environ["AWS_ACCESS_KEY_ID"] == "mine"
 
 
+def test_a_second_server_stops_the_first_and_restores_the_environment_at_the_end(monkeypatch):
+    monkeypatch.delenv(s3.ENDPOINT_VARIABLE, raising=False)  # runs before the module's server starts
+    first = s3.S3Server().start()
+    second = s3.S3Server().start()  # a notebook cell run twice
+    assert first.endpoint_url is None and os.environ[s3.ENDPOINT_VARIABLE] == second.endpoint_url
+    second.stop()
+    assert s3.ENDPOINT_VARIABLE not in os.environ
+
+
 def test_boto3_and_s3fs_read_back_every_shard_and_sample(server, shard_paths, tiny_dataset):
     s3.client().create_bucket(Bucket="roundtrip")
     urls = s3.upload_files(shard_paths, "roundtrip", prefix="train/")

@@ -32,8 +32,12 @@ class S3Server:
     """moto's S3 server on ``host`` (loopback), a free port, from a background thread; ``endpoint_url`` says where.
 
     While it runs, ``AWS_ENDPOINT_URL`` and dummy credentials are set in ``os.environ`` (``export=False`` leaves
-    the environment alone), so code and subprocesses written for S3 talk to it unchanged.
+    the environment alone), so code and subprocesses written for S3 talk to it unchanged. One server exports at a
+    time: starting another (a notebook cell run twice) stops the one before, so that none is left running and
+    stopping the new one restores the environment as it was before both.
     """
+
+    exporting = None  # the server whose endpoint os.environ holds
 
     def __init__(self, host="127.0.0.1", export=True, verbose=False):
         self.host, self.export, self.verbose = host, export, verbose
@@ -47,6 +51,8 @@ class S3Server:
             return self
         if not self.verbose:  # the server logs every request through werkzeug's logger
             logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        if self.export and S3Server.exporting is not None:
+            S3Server.exporting.stop()
         self._server = ThreadedMotoServer(ip_address=self.host, port=0, verbose=self.verbose)
         self._server.start()
         host, port = self._server.get_host_and_port()
@@ -55,6 +61,7 @@ class S3Server:
             settings = {**TEST_SETTINGS, ENDPOINT_VARIABLE: self.endpoint_url}
             self._saved = {name: os.environ.get(name) for name in settings}
             os.environ.update(settings)
+            S3Server.exporting = self
         return self
 
     def stop(self):
@@ -67,6 +74,8 @@ class S3Server:
             else:
                 os.environ[name] = value
         self._server, self._saved, self.endpoint_url = None, {}, None
+        if S3Server.exporting is self:
+            S3Server.exporting = None
 
     def __enter__(self):
         return self.start()
