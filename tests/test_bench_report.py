@@ -15,6 +15,8 @@ def test_quick_benchmark_writes_report_with_every_target():
     results = json.loads((ROOT / "build" / "bench" / "results.json").read_text())
     assert results["samples"] == 500
     assert len(results["ratios"]) == 5
+    in_turn = [ratio for ratio in results["ratios"] if ratio["rounds"]]  # our stream, 2 workers / 0: measured in turn
+    assert [len(ratio["rounds"]) for ratio in in_turn] == [2]
     assert len(results["ceilings"]) == 3 and all(ceiling["value"] > 0 for ceiling in results["ceilings"])
     assert results["fresh_page_us"] > 0
     assert len(results["handover"]) == 2 and all(setting["value"] > 0 for setting in results["handover"])
