@@ -27,7 +27,7 @@ COLUMNS = (
 )
 
 
-JUDGE_SECONDS = 0.5  # epochs shorter than this measure the machine's hiccups as much as the loader
+JUDGE_SECONDS = 0.1  # epochs shorter than this measure the machine's hiccups as much as the loader
 
 
 class SampleCountError(RuntimeError):
