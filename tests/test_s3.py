@@ -35,12 +35,11 @@ def test_serves_on_loopback_and_sets_the_endpoint_only_while_running(monkeypatch
 
 
 def test_a_second_server_stops_the_first_and_restores_the_environment_at_the_end(monkeypatch):
-    monkeypatch.delenv(s3.ENDPOINT_VARIABLE, raising=False)  # runs before the module's server starts
-    first = s3.S3Server().start()
-    second = s3.S3Server().start()  # a notebook cell run twice
-    assert first.endpoint_url is None and os.environ[s3.ENDPOINT_VARIABLE] == second.endpoint_url
-    second.stop()
-    assert s3.ENDPOINT_VARIABLE not in os.environ
+    assert s3.S3Server.exporting is None, "this test must run before the module's server starts: it would stop it"
+    monkeypatch.delenv(s3.ENDPOINT_VARIABLE, raising=False)
+    with s3.S3Server() as first, s3.S3Server() as second:  # a notebook cell run twice
+        assert first.endpoint_url is None and os.environ[s3.ENDPOINT_VARIABLE] == second.endpoint_url
+    assert s3.ENDPOINT_VARIABLE not in os.environ  # restored by the second server (the first was stopped already)
 
 
 def test_boto3_and_s3fs_read_back_every_shard_and_sample(server, shard_paths, tiny_dataset):
