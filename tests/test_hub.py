@@ -59,6 +59,11 @@ def test_timing_run_and_guide_update(tmp_path):
     assert "| `00_a` |" in text and "| `01_b` |" in text and "**5 MB**" in text
 
 
+def test_schedule_totals_the_lessons_alone_and_with_the_worked_exercises():
+    text = schedule.schedule_markdown([("00_a", 60, None), ("01_b", 120, 60)], data_bytes=0)
+    assert "All lessons together: **3.0 minutes** of computation; with the worked exercises, **4.0 minutes**." in text
+
+
 def test_guide_without_markers_is_refused(tmp_path):
     guide = tmp_path / "GUIDE.md"
     guide.write_text("# no markers here\n")

@@ -61,10 +61,12 @@ def schedule_markdown(rows, data_bytes):
     for name, lesson_s, solution_s in rows:
         solution = "–" if solution_s is None else f"{solution_s:.0f} s"
         lines.append(f"| `{name}` | {lesson_s:.0f} s | {solution} |")
-    total = sum(lesson_s + (solution_s or 0) for _, lesson_s, solution_s in rows)
+    lessons = sum(lesson_s for _, lesson_s, _ in rows)
+    total = lessons + sum(solution_s or 0 for _, _, solution_s in rows)
     lines += [
         "",
-        f"All lessons and worked exercises together: **{total / 60:.1f} minutes** of computation. "
+        f"All lessons together: **{lessons / 60:.1f} minutes** of computation; with the worked exercises, "
+        f"**{total / 60:.1f} minutes**. "
         f"Generated data on disk after the run: **{data_bytes / 1e6:.0f} MB** in `{shown_path(data.data_dir())}/`.",
     ]
     return "\n".join(lines)
