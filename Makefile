@@ -12,7 +12,8 @@ export PATH := $(BIN):$(PATH)
 INSTALLED := $(VENV)/.installed
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
 # pip on some machines warns about every package of an index folder that is not there: hide only that noise.
-QUIET_PIP := grep -v "^WARNING: Location 'file:" || true
+# Only grep's status is excused (it fails when nothing is left to print): a failed install still stops make.
+QUIET_PIP := { grep -v "^WARNING: Location 'file:" || true; }
 
 LESSON_DIRS := notebooks solutions exercises
 SOURCES = $(wildcard $(addsuffix /[0-9][0-9]_*.md,$(LESSON_DIRS)))
@@ -23,7 +24,9 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
 $(INSTALLED): requirements.txt pyproject.toml
-	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(VENV)/bin/pip || { $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "Python 3.11 or newer is needed: run 'make $(MAKECMDGOALS) PYTHON=python3.11'" >&2; exit 1; }; \
+		rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	@echo "Installing pinned dependencies into $(VENV) (first time: a few minutes)..."
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 | $(QUIET_PIP)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | $(QUIET_PIP)

@@ -188,6 +188,22 @@ def tar_index_with_padded_names(path):
     return {name.ljust(100, "\0"): place for name, place in tar_index_right(path).items()}
 
 
+def tar_index_with_bytes_names(path):
+    return {name.encode(): place for name, place in tar_index_right(path).items()}
+
+
+class SwappedPair(FolderDataset):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return label, image
+
+
+class TextLabels(FolderDataset):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, str(label)
+
+
 # name: (how to call the check with an implementation and the dataset root, right answer, wrong answers)
 CASES = {
     "check_count_per_class": (
@@ -444,6 +460,18 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
     ("check_workers_needed", lambda t, l, s: costmodel.workers_needed(t, l, 0.0), "include the work time"),
     ("check_predict_epoch_seconds", predict_with_a_shared_link, "paces each connection on its own"),
     ("check_tar_index", tar_index_with_padded_names, "strip the NUL padding"),
+    ("check_tar_index", tar_index_with_bytes_names, "names are bytes"),
+    ("check_workers_needed", lambda t, l, s: int(t * (l + s)) + 1, "one worker too many"),
+    ("check_workers_needed", lambda t, l, s: int(t * (l + s)), "round up, not down"),
+    ("check_folder_dataset", SwappedPair, "the image first"),
+    ("check_folder_dataset", TextLabels, "a str, not an int"),
+    ("check_shard_split", lambda shards, rank, world_size, worker, workers:
+        sorted(shards)[rank::world_size][worker::workers], "Keep the order you are given"),
+    ("check_shuffle_buffer", lambda samples, size, rng: sorted(samples, key=lambda _: rng.random()), "write a generator"),
+    ("check_shuffle_buffer", lambda samples, size, rng: iter(sorted(samples, key=lambda _: rng.random())),
+     "never reads more than 50 ahead"),
+    ("check_samples_per_shard", lambda l, bw, b, e: float(samples_per_shard_right(l, bw, b, e)), "a float"),
+    ("check_predict_epoch_seconds", lambda n, m, l, bw, w: (n * l + m / bw) / w, "the transfer is for every file"),
 ])
 def test_check_names_the_mistake(name, wrong, hint, tiny_dataset):
     run, _, _ = CASES[name]

@@ -172,3 +172,10 @@ def test_deck_runs_offline(lesson, tmp_path):
     assert f"/{deck.name}" in requested
 
     assert screenshot.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("lesson", LESSONS[1:])
+def test_lesson_scrolls_when_presented_live(lesson):
+    """RISE cuts long slides off unless the notebook asks it to scroll."""
+    notebook = jupytext.read(ROOT / "notebooks" / f"{lesson}.md")
+    assert notebook.metadata.get("rise", {}).get("scroll") is True, f"add 'rise: scroll: true' to {lesson}.md"

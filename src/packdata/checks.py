@@ -7,7 +7,7 @@ when it is not.
 
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from . import data
 
@@ -55,6 +55,8 @@ def compare_with_reference(dataset, reference, source):
         if not (isinstance(item, tuple) and len(item) == 2):
             raise CheckFailed(f"dataset[{index}] should be a tuple (image, label), got {type(item).__name__}.")
         (image, label), (expected_image, expected_label) = item, reference[index]
+        if isinstance(label, torch.Tensor) and not isinstance(image, torch.Tensor):
+            raise CheckFailed(f"dataset[{index}] is (label, image): return (image, label), the image first.")
         if not isinstance(image, torch.Tensor):
             raise CheckFailed(f"dataset[{index}] image is a {type(image).__name__}: decode the bytes with decode_image "
                               "to get a uint8 tensor.")
@@ -62,8 +64,10 @@ def compare_with_reference(dataset, reference, source):
             raise CheckFailed(f"dataset[{index}] image has shape {tuple(image.shape)} and dtype {image.dtype}, "
                               f"expected {tuple(expected_image.shape)} and {expected_image.dtype} (channels first).")
         if label != expected_label:
-            raise CheckFailed(f"dataset[{index}] has label {label}, {source} says {expected_label}: "
-                              "take the label from the same manifest entry as the sample.")
+            kind = f" (a {type(label).__name__}, not an {type(expected_label).__name__})" if str(label) == str(
+                expected_label) else ""
+            raise CheckFailed(f"dataset[{index}] has label {label!r}{kind}, {source} says {expected_label!r}: "
+                              "take the label from the same manifest entry as the sample, as an int.")
         if not torch.equal(image, expected_image):
             raise CheckFailed(f"dataset[{index}] decodes to different pixels than {reference.paths[index]} of "
                               f"{source}: are you reading the right sample for this index?")
@@ -83,22 +87,24 @@ def check_predict_epoch_seconds(predict_epoch_seconds):
     from .costmodel import predict_time
 
     cases = [(10_000, 2_000, 0.002, 100e6, 1), (10_000, 2_000, 0.002, 1e6, 8), (500, 4e6, 0.05, 50e6, 4)]
+    mistakes = [  # (what a learner's formula that gives these numbers in every case left out, the formula)
+        ("you left out the transfer time, bytes / bandwidth.", lambda n, m, l, b, w: n * l / w),
+        ("the transfer is for every file: n_files × mean_bytes bytes in all.",
+         lambda n, m, l, b, w: (n * l + m / b) / w),
+        ("the store paces each connection on its own, so the workers' transfers run side by side too: divide the "
+         "transfer term by the workers as well.", lambda n, m, l, b, w: n * l / w + n * m / b),
+        ("workers wait for their requests at the same time: divide by the workers.",
+         lambda n, m, l, b, w: n * l + n * m / b),
+    ]
     for n_files, mean_bytes, latency, bandwidth, workers in cases:
         got = predict_epoch_seconds(n_files, mean_bytes, latency, bandwidth, workers)
         expected = predict_time(n_files, n_files * mean_bytes, latency, workers * bandwidth, concurrency=workers)
         if abs(got - expected) <= 1e-6 * expected:
             continue
         call = f"predict_epoch_seconds({n_files}, {mean_bytes:g}, {latency}, {bandwidth:g}, {workers})"
-        waiting, transfer = n_files * latency, n_files * mean_bytes / bandwidth
-        if abs(got - waiting / workers) <= 1e-6 * expected:
-            hint = "you left out the transfer time, bytes / bandwidth."
-        elif abs(got - (waiting / workers + transfer)) <= 1e-6 * expected:
-            hint = ("the store paces each connection on its own, so the workers' transfers run side by side too: "
-                    "divide the transfer term by the workers as well.")
-        elif abs(got - (waiting + transfer)) <= 1e-6 * expected:
-            hint = "workers wait for their requests at the same time: divide by the workers."
-        else:
-            hint = "time = requests × latency / workers + total bytes / (workers × bandwidth)."
+        follows = [hint for hint, formula in mistakes  # the mistake whose formula gives the learner's numbers
+                   if all(abs(predict_epoch_seconds(*c) - formula(*c)) <= 1e-9 * formula(*c) for c in cases)]
+        hint = (follows or ["time = requests × latency / workers + total bytes / (workers × bandwidth)."])[0]
         raise CheckFailed(f"{call} returned {got:.4g} s, expected {expected:.4g} s: {hint}")
     passed("your prediction matches the cost model in every case.")
 
@@ -107,7 +113,7 @@ def check_workers_needed(workers_needed):
     """Lesson 1: the number of workers that reaches a target rate at a given latency."""
     from .costmodel import workers_needed as reference
 
-    cases = [(1000, 0.005, 0.0002), (200, 0.002, 0.0), (3000, 0.01, 0.0003), (50, 0.001, 0.0)]
+    cases = [(1000, 0.005, 0.0002), (200, 0.002, 0.0), (3000, 0.01, 0.0003), (50, 0.001, 0.0), (500, 0.004, 0.0)]
     for target, latency, seconds_per_sample in cases:
         got = workers_needed(target, latency, seconds_per_sample)
         expected = reference(target, latency, seconds_per_sample)
@@ -116,10 +122,13 @@ def check_workers_needed(workers_needed):
         call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
         if not isinstance(got, int):
             hint = "a number of workers is a whole number: round up with math.ceil and return an int."
-        elif got == reference(target, latency, 0):
+        elif all(workers_needed(t, l, s) == reference(t, l, 0) for t, l, s in cases):
             hint = "include the work time, seconds_per_sample: a worker that decodes is not waiting for the next sample."
         elif got == expected - 1:
             hint = "round up, not down: one worker short misses the target."
+        elif got == expected + 1:
+            hint = ("one worker too many: when target × (latency + seconds_per_sample) is already whole, math.ceil "
+                    "keeps it; int(x) + 1 does not.")
         else:
             hint = "one worker delivers 1 / (latency + seconds_per_sample) samples per second."
         raise CheckFailed(f"{call} returned {got!r}, expected {expected}: {hint}")
@@ -182,6 +191,8 @@ def check_tar_index(tar_index, tar_path):
     got = tar_index(tar_path)
     if not isinstance(got, dict):
         raise CheckFailed(f"tar_index should return a dict {{name: (offset, size)}}, got {type(got).__name__}.")
+    if any(isinstance(name, bytes) for name in got):
+        raise CheckFailed("The member names are bytes: decode them to str, e.g. block[:100].rstrip(b'\\0').decode().")
     padded = [name for name in got if isinstance(name, str) and "\0" in name]
     if padded:
         name = padded[0].rstrip("\0")
@@ -229,8 +240,11 @@ def check_upload_shards(upload_shards, root):
             raise CheckFailed(f"Return a list with one URL per shard ({len(paths)}), got {urls!r:.200}.")
         for path, url in zip(paths, urls):
             if url != client.url_for("exercise", path.name):
-                raise CheckFailed(f"For {path.name} you returned {url!r}; return what client.upload gives back, "
-                                  f"the shard's URL on the service ({client.url_for('exercise', path.name)}).")
+                hint = ("use the dataset name you are given (the check passes 'exercise'), not a fixed one"
+                        if isinstance(url, str) and url.endswith(f"/{path.name}") else
+                        "return what client.upload gives back")
+                raise CheckFailed(f"For {path.name} you returned {url!r}; {hint}: the shard's URL on the service "
+                                  f"is {client.url_for('exercise', path.name)}.")
             stored = service.root / "exercise" / path.name
             if not stored.is_file() or stored.read_bytes() != path.read_bytes():
                 raise CheckFailed(f"{path.name} is not on the service with the same bytes: upload every shard.")
@@ -251,6 +265,9 @@ def check_samples_per_shard(samples_per_shard):
         expected = math.ceil(size_for_efficiency(latency, bandwidth, efficiency) / mean_bytes)
         got = samples_per_shard(latency, bandwidth, mean_bytes, efficiency)
         call = f"samples_per_shard({latency}, {bandwidth:g}, {mean_bytes}, {efficiency})"
+        if isinstance(got, float) and got == expected:
+            raise CheckFailed(f"{call} returned {got!r}, a float: return an int (math.ceil gives one; np.ceil gives "
+                              "a float).")
         if not isinstance(got, int) or isinstance(got, bool):
             raise CheckFailed(f"{call} returned {got!r}: a number of samples is a whole number (round up).")
         if got == expected - 1:
@@ -347,6 +364,12 @@ def check_shard_split(split_shards, shards):
         sizes = sorted(map(len, parts.values()))
         if sizes[-1] - sizes[0] > 1:
             raise CheckFailed(f"{call}, workers get {sizes[0]} to {sizes[-1]} shards: deal them out like cards.")
+    given = [f"train-{i:06d}.tar" for i in reversed(range(8))]  # an epoch's shuffled order, here simply reversed
+    for rank in range(2):
+        part = list(split_shards(given, rank, 2, 0, 1))
+        if part != sorted(part, key=given.index):
+            raise CheckFailed("Keep the order you are given: the list arrives reshuffled for each epoch, and sorting "
+                              "it gives every epoch the same order.")
     samples = _check_exactly_once(shards, "with your split.", splitter=split_shards)
     passed(f"disjoint, complete, balanced; 2 ranks × 3 workers streamed all {samples:,} samples exactly once per epoch, "
            "in a new order in the next epoch.")
@@ -364,12 +387,19 @@ def check_shuffle_buffer(shuffle_buffer, shards):
             consumed.append(item)
             yield item
 
-    stream = iter(shuffle_buffer(source(), 50, random.Random(0)))
-    first = next(stream)
-    if len(consumed) < 50:
-        raise CheckFailed(f"the first sample came out after reading only {len(consumed)} of a buffer of 50: fill the "
-                          "buffer before yielding, or the first samples are hardly shuffled.")
-    out = [first, *stream]
+    stream = shuffle_buffer(source(), 50, random.Random(0))
+    if not isinstance(stream, Iterator):
+        raise CheckFailed(f"shuffle_buffer returned a {type(stream).__name__}: write a generator (yield the samples "
+                          "one at a time), or it holds the whole stream in memory.")
+    out = []
+    for item in stream:
+        if not out and len(consumed) < 50:
+            raise CheckFailed(f"the first sample came out after reading only {len(consumed)} of a buffer of 50: fill "
+                              "the buffer before yielding, or the first samples are hardly shuffled.")
+        if len(consumed) > 50 + len(out) + 1:
+            raise CheckFailed(f"sample {len(out) + 1} came out after reading {len(consumed)}: a buffer of 50 never "
+                              "reads more than 50 ahead of what it has yielded (the stream may not fit in memory).")
+        out.append(item)
     if sorted(out) != list(range(200)):
         lost = 200 - len(set(out))
         raise CheckFailed(f"200 samples went in, {len(out)} came out ({lost} missing): at the end, yield what is "
