@@ -11,6 +11,7 @@ and rank 0 reports the test accuracy. NCCL when every rank on a machine has a GP
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,13 @@ from torch.utils.data import DataLoader
 from packdata.streaming import ShardDataset
 from packdata.system import pick_device
 from packdata.train import SmallCNN, common_steps, evaluate, train_epoch
+
+
+def say(line):
+    """Print ``line`` in one write, so that the ranks' lines never interleave on a shared stdout (with
+    PYTHONUNBUFFERED set, ``print`` writes the text and its newline separately)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def parse_args(argv=None):
@@ -75,8 +83,8 @@ def main(argv=None):
         steps = common_steps(len(dataset), args.batch_size)
         loss, seen = train_epoch(model, images_and_labels(loader), optimizer, device, steps)
         steps_run.append(steps)
-        print(f"rank {rank}: epoch {epoch + 1}: {steps} steps, {seen} samples from "
-              f"{len(dataset.shards_for())} shards, loss {loss:.3f}", flush=True)
+        say(f"rank {rank}: epoch {epoch + 1}: {steps} steps, {seen} samples from "
+            f"{len(dataset.shards_for())} shards, loss {loss:.3f}")
     if args.report:
         args.report.mkdir(parents=True, exist_ok=True)
         report = {"rank": rank, "world_size": world_size, "steps": steps_run, "keys": keys}
@@ -85,8 +93,8 @@ def main(argv=None):
     if rank == 0:
         test = ShardDataset(args.test, rank=0, world_size=1, shuffle=False)
         accuracy = evaluate(model.module, DataLoader(test, batch_size=256), device)
-        print(f"rank 0: test accuracy {accuracy:.1%} on {len(test)} samples after {args.epochs} epochs on "
-              f"{world_size} ranks, {time.perf_counter() - started:.1f} s", flush=True)
+        say(f"rank 0: test accuracy {accuracy:.1%} on {len(test)} samples after {args.epochs} epochs on "
+            f"{world_size} ranks, {time.perf_counter() - started:.1f} s")
     dist.destroy_process_group()
 
 
