@@ -59,6 +59,8 @@ def ddp_device():
 def main(argv=None):
     args = parse_args(argv)
     device = ddp_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's collectives run on the current device: this rank's own GPU
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)  # the ranks share the cores; don't let each try to use them all

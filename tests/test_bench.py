@@ -129,3 +129,8 @@ def test_short_epochs_are_too_short_to_judge():
     long, short = (BenchResult("r", 8, 0, 2, 16, epoch_seconds=[seconds, 1.0]) for seconds in (0.9, 0.05))
     assert too_short_to_judge([long]) is None
     assert "an epoch took 50 ms, under 0.1 s" in too_short_to_judge([long, short])
+
+
+def test_at_least_one_epoch_is_asked_for(tiny_dataset):
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        benchmark(FolderDataset(tiny_dataset), epochs=0, progress=False)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import webdataset
-from PIL import UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
 from packdata.data import load_manifest
@@ -68,6 +68,17 @@ def test_without_a_manifest_labels_come_from_sorted_class_folders(tiny_dataset, 
     found = {(path, dataset.classes[label]) for path, label in zip(dataset.paths, dataset.labels)}
     listed = {(s["path"], manifest["classes"][s["label"]]) for s in manifest["samples"]}
     assert found == listed
+
+
+def test_png_files_in_a_folder_are_samples_too(tiny_dataset, tmp_path):
+    copy = shutil.copytree(tiny_dataset, tmp_path / "copy")
+    (copy / "manifest.json").unlink()
+    first = sorted(copy.glob("*/*.jpg"))[0]
+    Image.open(first).save(first.with_suffix(".png"))
+    first.unlink()
+    dataset = FolderDataset(copy)
+    assert len(dataset) == len(load_manifest(tiny_dataset)["samples"])
+    assert first.with_suffix(".png").relative_to(copy).as_posix() in dataset.paths
 
 
 def test_an_empty_folder_fails_clearly(tmp_path):

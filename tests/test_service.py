@@ -262,3 +262,17 @@ def test_a_create_after_the_service_dropped_an_idle_connection(tmp_path, monkeyp
         time.sleep(0.5)
         client.create("d")
         assert client.datasets() == [{"name": "d", "files": 0, "bytes": 0}]
+
+
+def test_a_file_upload_after_the_service_dropped_an_idle_connection(tmp_path, monkeypatch):
+    """A body read from a file cannot be sent twice, so it goes out on a fresh connection."""
+    monkeypatch.setattr(store_module._ServiceHandler, "timeout", 0.1)
+    source = tmp_path / "shard.tar"
+    source.write_bytes(b"x" * 1000)
+    (tmp_path / "served").mkdir()
+    with DatasetService(tmp_path / "served") as service:
+        client = DatasetClient(service.url)
+        client.create("d")
+        time.sleep(0.5)
+        client.upload("d", "shard.tar", source)
+        assert (service.root / "d" / "shard.tar").read_bytes() == source.read_bytes()

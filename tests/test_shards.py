@@ -204,6 +204,19 @@ def test_staging_keeps_each_shards_file_name(written, tmp_path):
     assert [p.read_bytes() for p in staged] == [i.path.read_bytes() for i in written[1][:2]]
 
 
+def test_a_local_folder_name_is_not_read_as_a_url(written, tmp_path):
+    folder = tmp_path / "run#1"
+    folder.mkdir()
+    source = folder / "train-000000.tar"
+    source.write_bytes(written[1][0].path.read_bytes())
+    assert [p.name for p in stage([str(source)], tmp_path / "scratch", progress=False)] == ["train-000000.tar"]
+
+
+def test_resizing_decoded_pixels_is_refused_by_name():
+    with pytest.raises(ValueError, match="sample 'a' holds decoded pixels"):
+        resize_sample({"__key__": "a", "__url__": "raw.tar", "npy": b"", "cls": b"1"})
+
+
 def test_two_shards_of_the_same_file_name_are_refused_not_merged(written, tmp_path):
     sources = []
     for folder in ("a", "b"):

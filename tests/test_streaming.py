@@ -461,6 +461,24 @@ def test_skipping_counts_what_was_left_out_and_reports_it(bad_shards, urls, all_
     assert (dataset.last_skips.shards, dataset.last_skips.samples) == (shards, samples)
 
 
+def test_len_and_list_count_an_unreadable_shard_as_empty_when_skipping(bad_shards, urls, all_keys):
+    dataset = ShardDataset([*urls, bad_shards["truncated"][0]], keys=("__key__", "cls"), decode=False, errors="skip")
+    assert len(dataset) == len(all_keys)
+    with pytest.warns(UserWarning, match="skipped 1 shard"):
+        assert sorted(key for key, _ in list(dataset)) == all_keys  # list() asks for len() first
+
+
+def test_the_transform_applies_to_the_image_wherever_it_is_in_the_keys(urls):
+    label, image = next(iter(ShardDataset(urls, keys=("cls", "jpg"), transform=lambda image: "transformed")))
+    assert isinstance(label, int) and image == "transformed"
+
+
+@pytest.mark.parametrize("options", [{"keys": ("__key__", "cls")}, {"decode": False}])
+def test_a_transform_without_a_decoded_image_is_refused(urls, options):
+    with pytest.raises(ValueError, match="transform applies to a decoded image"):
+        ShardDataset(urls, transform=lambda image: image, **options)
+
+
 def test_bad_arguments_are_refused(urls):
     with pytest.raises(ValueError, match="rank"):
         ShardDataset(urls, rank=2, world_size=2)

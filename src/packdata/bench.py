@@ -168,6 +168,8 @@ def benchmark(dataset, *, batch_size=64, num_workers=0, epochs=1, warmup_epochs=
     shuffles itself. The byte count for MB/s comes from ``bytes_per_epoch`` or else from
     ``dataset.sample_bytes`` when the dataset has it.
     """
+    if epochs < 1:
+        raise ValueError(f"epochs must be at least 1, got {epochs}")
     try:
         expected = len(dataset)
     except TypeError:

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+from itertools import islice
 from pathlib import Path
 
 
@@ -60,7 +61,7 @@ def _shards(args):
             for name, size in info["member_sizes"] if args.members else ():
                 print(f"  {name}\t{size:,} bytes")
     elif args.action == "show":
-        for sample, _ in zip(shards.iter_shard_samples(args.shards), range(args.count)):
+        for sample in islice(shards.iter_shard_samples(args.shards), args.count):
             print(shards.format_sample(sample))
     else:
         written = (shards.split_tar(args.shards[0], args.out_dir, prefix=args.prefix, maxcount=args.maxcount,

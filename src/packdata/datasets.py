@@ -28,8 +28,8 @@ from .store import file_etag
 from .tario import INDEX_SUFFIX, TarFormatError, current_members, index_members, load_index
 
 DECODERS = ("pil", "torchvision")
-JPEG_SUFFIXES = (".jpg", ".jpeg")
-PAYLOAD_SUFFIXES = (*JPEG_SUFFIXES, ".npy")  # the members of an archive that are samples
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")  # encoded images, which both decoders read
+PAYLOAD_SUFFIXES = (*IMAGE_SUFFIXES, ".npy")  # the members of an archive that are samples
 NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -42,9 +42,9 @@ def decode_image(data, decoder="pil"):
         with Image.open(io.BytesIO(data)) as image:
             return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).contiguous()
     if decoder == "torchvision":
-        from torchvision.io import ImageReadMode, decode_jpeg  # on first use: importing torchvision slows worker start
+        from torchvision.io import ImageReadMode, decode_image  # on first use: importing torchvision slows worker start
 
-        return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
     raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
 
 
@@ -75,7 +75,7 @@ def samples_from_folders(root):
         (f"{name}/{path.name}", label, path.stat().st_size)
         for label, name in enumerate(classes)
         for path in sorted((root / name).iterdir())
-        if path.suffix.lower() in JPEG_SUFFIXES
+        if path.suffix.lower() in IMAGE_SUFFIXES
     ]
     return classes, rows
 
@@ -140,14 +140,15 @@ class HttpClient:
 
         A connection the server dropped (an idle keep-alive one, say) is reopened and the request sent once
         more, but only when sending it twice cannot do more than once: an idempotent method whose body is
-        None or bytes. Any other method goes out on a fresh connection and is never repeated. A failure to
+        None or bytes. Any other request (a POST, or a body read from a file) goes out on a fresh connection
+        and is never repeated. A failure to
         talk to the server raises ``ConnectionError``, or ``TimeoutError`` after ``timeout`` s without an
         answer, naming the request.
         """
         repeatable = method in IDEMPOTENT_METHODS and (body is None or isinstance(body, bytes))
         connection = self.connection()
-        if method not in IDEMPOTENT_METHODS:
-            connection.close()  # a kept-alive connection may be dropped under the request, which must not be resent
+        if not repeatable:
+            connection.close()  # a kept-alive connection may be dropped under the request, which cannot be resent
         for attempt in (1, 2):
             try:
                 try:

@@ -21,13 +21,13 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .data import load_manifest
-from .datasets import HttpDataset
+from .datasets import IMAGE_SUFFIXES, HttpDataset, is_url
 from .packing import END_OF_TAR, encode_payload
 from .shards import iter_shard_samples, members_of, sample_bytes, write_shards
 from .streaming import expand_shards, read_shard
 from .tario import written_atomically
 
-IMAGE_MEMBERS = ("jpg", "jpeg", "png")
+IMAGE_MEMBERS = tuple(suffix[1:] for suffix in IMAGE_SUFFIXES)  # encoded images, which resize_sample re-encodes
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _local_targets(shards, folder):
     different folders) would overwrite each other there: that raises ``ValueError`` naming both."""
     targets = {}
     for shard in shards:
-        target = Path(folder) / Path(urllib.parse.urlsplit(shard).path).name
+        target = Path(folder) / Path(urllib.parse.urlsplit(shard).path if is_url(shard) else shard).name
         if target in targets:
             raise ValueError(f"{targets[target]} and {shard} would both become {target}: give the shards "
                              "distinct file names, or use one folder for each")
@@ -118,7 +118,11 @@ def stage(urls, scratch, threads=4, progress=True):
 
 
 def resize_sample(sample, size=32):
-    """A sample with its image resized to ``size``×``size`` and re-encoded as JPEG; other members unchanged."""
+    """A sample with its image resized to ``size``×``size`` and re-encoded as JPEG; other members unchanged. Decoded
+    pixels (an ``.npy`` member) raise ``ValueError``: resize those before they are packed."""
+    if "npy" in sample:
+        raise ValueError(f"{sample.get('__url__', 'a shard')}: sample {sample.get('__key__')!r} holds decoded pixels "
+                         "(.npy); resize_sample re-encodes JPEG and PNG images only")
     members = members_of(sample)
     for extension in IMAGE_MEMBERS:
         if extension in members:

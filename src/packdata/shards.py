@@ -18,6 +18,7 @@ import tempfile
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -290,7 +291,7 @@ def show_samples(shard, count=8, ax_size=1.2):
 
     from .datasets import decode_image
 
-    samples = [sample for sample, _ in zip(iter_shard_samples([shard]), range(count))]
+    samples = list(islice(iter_shard_samples([shard]), count))
     fig, axes = plt.subplots(1, len(samples), figsize=(len(samples) * ax_size, ax_size * 1.3), squeeze=False)
     for ax, sample in zip(axes[0], samples):
         image = next(value for key, value in sample.items() if key in IMAGE_EXTENSIONS)

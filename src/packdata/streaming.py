@@ -27,11 +27,11 @@ import torch
 from braceexpand import braceexpand
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
-from .datasets import DECODERS, HttpClient, decode_image, is_url
+from .datasets import DECODERS, PAYLOAD_SUFFIXES, HttpClient, decode_image, is_url
 from .packing import split_member
 from .tario import TarFormatError, iter_buffer, scan_buffer, scan_plain
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "npy")
+IMAGE_EXTENSIONS = tuple(suffix[1:] for suffix in PAYLOAD_SUFFIXES)  # members decoded to image tensors
 ERROR_MODES = ("raise", "skip")
 
 
@@ -244,8 +244,9 @@ def decode_field(value, key, decoder="pil"):
 
 
 def decode(items, keys, transform, decoder, report):
-    """Decode each tuple field by its key; ``transform`` applies to the first (the image). Items arrive as
+    """Decode each tuple field by its key; ``transform`` applies to the first image field. Items arrive as
     ``(shard, sample key, *fields)`` and leave as the decoded fields, so that a sample that cannot be decoded is named."""
+    image = next((index for index, key in enumerate(keys) if key in IMAGE_EXTENSIONS), None)
     for shard, sample_key, *item in items:
         try:
             fields = [decode_field(value, key, decoder) for value, key in zip(item, keys)]
@@ -253,7 +254,7 @@ def decode(items, keys, transform, decoder, report):
             report(ShardError(f"{shard}: cannot decode sample {sample_key!r}: {error}"))
             continue
         if transform is not None:
-            fields[0] = transform(fields[0])
+            fields[image] = transform(fields[image])
         yield tuple(fields)
 
 
@@ -351,6 +352,9 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"rank must be in 0..world_size-1, got rank {self.rank} of {self.world_size}")
         if decoder not in DECODERS:
             raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
+        if transform is not None and not (decode and any(key in IMAGE_EXTENSIONS for key in keys)):
+            raise ValueError(f"transform applies to a decoded image, and keys={tuple(keys)} with decode={decode} "
+                             f"yields none: name an image key ({', '.join(IMAGE_EXTENSIONS)}) and keep decode=True")
         if errors not in ERROR_MODES:
             raise ValueError(f"errors must be one of {ERROR_MODES}, got {errors!r}")
         if len(self.shards) < self.world_size:
@@ -389,10 +393,19 @@ class ShardDataset(IterableDataset):
         return self.splitter(self.epoch_order(), self.rank, self.world_size, worker, num_workers)
 
     def sizes(self):
-        """``{shard: number of samples}``, counted (one read per shard) the first time it is needed."""
+        """``{shard: number of samples}``, counted (one read per shard) the first time it is needed. With
+        ``errors="skip"`` a shard that cannot be read counts 0 (iterating skips it, and counts it then)."""
         if self._sizes is None:
-            self._sizes = {shard: count_shard_samples(shard) for shard in self.shards}
+            self._sizes = {shard: self._count(shard) for shard in self.shards}
         return self._sizes
+
+    def _count(self, shard):
+        try:
+            return count_shard_samples(shard)
+        except (OSError, TarFormatError):
+            if self.errors == "raise":
+                raise
+            return 0
 
     def quota(self, worker, num_workers):
         """How many samples this worker yields this epoch when ``equalize`` (else None)."""

@@ -74,5 +74,7 @@ def common_steps(samples, batch_size):
     """
     steps = torch.tensor(samples // batch_size)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_backend() == "nccl":  # NCCL reduces only tensors on this rank's GPU
+            steps = steps.to(torch.device("cuda", torch.cuda.current_device()))
         torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
     return int(steps)
