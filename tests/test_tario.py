@@ -190,6 +190,18 @@ def test_a_touched_tar_makes_its_index_stale(tmp_path):
         load_index(path, rebuild=False)
 
 
+def test_a_folder_that_refuses_the_index_file_keeps_it_in_memory(tmp_path, monkeypatch):
+    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt"])
+
+    def refused(target):  # what mkstemp meets in a read-only folder (root ignores permissions, so it is staged)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tario, "written_atomically", refused)
+    with pytest.warns(UserWarning, match="cannot store the index of .*t.tar next to it"):
+        assert load_index(path) == {"a.txt": (BLOCK, 0)}
+    assert not index_path(path).exists()
+
+
 def test_a_missing_or_unreadable_index(tmp_path):
     path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt"])
     with pytest.raises(StaleIndexError, match="is missing"):

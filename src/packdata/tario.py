@@ -12,6 +12,7 @@ data starts, so a reader can later fetch any one member with a single read.
 import json
 import os
 import tempfile
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -259,7 +260,9 @@ def index_path(tar_path):
 
 
 def build_index(tar_path):
-    """Scan ``tar_path``, store its index with the tar's size and mtime in ``<tar>.idx.json``; return the index."""
+    """Scan ``tar_path``, store its index with the tar's size and mtime in ``<tar>.idx.json``; return the index.
+    In a folder this process may not write to (a read-only dataset mount), the index is only returned, with a
+    warning: every process that opens the tar scans it again."""
     tar_path = Path(tar_path)
     stat = tar_path.stat()  # before the scan: a tar rewritten meanwhile makes this index stale, not wrong
     with tar_path.open("rb") as file:
@@ -267,8 +270,12 @@ def build_index(tar_path):
     format_name, version = INDEX_FORMAT
     stored = {"format": format_name, "version": version, "tar_size": stat.st_size,
               "tar_mtime_ns": stat.st_mtime_ns, "members": members}
-    with written_atomically(index_path(tar_path)) as file:
-        file.write(json.dumps(stored).encode("utf-8"))
+    try:
+        with written_atomically(index_path(tar_path)) as file:
+            file.write(json.dumps(stored).encode("utf-8"))
+    except PermissionError as error:
+        warnings.warn(f"cannot store the index of {tar_path} next to it ({error.strerror}): it is kept in memory, "
+                      "and every process that opens the tar scans it again", stacklevel=2)
     return members
 
 
