@@ -42,9 +42,9 @@ def decode_image(data, decoder="pil"):
         with Image.open(io.BytesIO(data)) as image:
             return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).contiguous()
     if decoder == "torchvision":
-        from torchvision.io import ImageReadMode, decode_image  # on first use: importing torchvision slows worker start
+        from torchvision import io as tvio  # on first use: importing torchvision slows worker start
 
-        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        return tvio.decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tvio.ImageReadMode.RGB)
     raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
 
 
@@ -141,9 +141,8 @@ class HttpClient:
         A connection the server dropped (an idle keep-alive one, say) is reopened and the request sent once
         more, but only when sending it twice cannot do more than once: an idempotent method whose body is
         None or bytes. Any other request (a POST, or a body read from a file) goes out on a fresh connection
-        and is never repeated. A failure to
-        talk to the server raises ``ConnectionError``, or ``TimeoutError`` after ``timeout`` s without an
-        answer, naming the request.
+        and is never repeated. A failure to talk to the server raises ``ConnectionError``, or ``TimeoutError``
+        after ``timeout`` s without an answer, naming the request.
         """
         repeatable = method in IDEMPOTENT_METHODS and (body is None or isinstance(body, bytes))
         connection = self.connection()
