@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 from .data import load_manifest
 from .datasets import IMAGE_SUFFIXES, HttpDataset, is_url
-from .packing import END_OF_TAR, encode_payload
-from .shards import iter_shard_samples, members_of, sample_bytes, write_shards
+from .packing import encode_payload
+from .shards import iter_shard_samples, members_of, write_shards, write_tar
 from .streaming import expand_shards, read_shard
 from .tario import written_atomically
 
@@ -134,15 +134,9 @@ def resize_sample(sample, size=32):
 def map_shard(function, shard, target):
     """Write ``function(sample)`` (``{extension: bytes}``, or None to drop it) for every sample of ``shard``
     into the shard ``target``, atomically; returns ``(target, samples written)``."""
-    count = 0
-    with written_atomically(target) as file:
-        for sample in iter_shard_samples([shard]):
-            members = function(sample)
-            if members is not None:
-                file.write(sample_bytes(sample["__key__"], members))
-                count += 1
-        file.write(END_OF_TAR)
-    return Path(target), count
+    mapped = ((sample["__key__"], function(sample)) for sample in iter_shard_samples([shard]))
+    info = write_tar(target, ((key, members) for key, members in mapped if members is not None))
+    return info.path, info.samples
 
 
 def map_shards(function, shards, out_dir, processes=2, progress=True):

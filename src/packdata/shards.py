@@ -242,20 +242,32 @@ def split_tar(tar, out_dir, *, prefix="train", maxcount=1000, maxsize=None):
     return writer.shards
 
 
-def cat_shards(shards, output):
-    """Concatenate shards into one tar at ``output`` (written atomically); a key in two shards is refused."""
-    seen, count, size = {}, 0, 0
-    with written_atomically(output) as file:
-        for sample in iter_shard_samples(shards):
-            key = sample["__key__"]
-            if key in seen:
-                raise ValueError(f"duplicate key {key!r}: in {seen[key]} and in {sample['__url__']}")
-            seen[key] = sample["__url__"]
-            data = sample_bytes(key, members_of(sample))
+def write_tar(path, samples):
+    """Write ``(key, {extension: bytes})`` pairs as one shard at ``path``, atomically; returns its ``ShardInfo``."""
+    count, size = 0, 0
+    with written_atomically(path) as file:
+        for key, members in samples:
+            data = sample_bytes(key, members)
             file.write(data)
             count, size = count + 1, size + len(data)
         file.write(END_OF_TAR)
-    return ShardInfo(Path(output), count, size + len(END_OF_TAR))
+    return ShardInfo(Path(path), count, size + len(END_OF_TAR))
+
+
+def cat_shards(shards, output):
+    """Concatenate shards into one tar at ``output`` (written atomically); a key in two shards is refused."""
+    return write_tar(output, _with_unique_keys(iter_shard_samples(shards)))
+
+
+def _with_unique_keys(samples):
+    """``(key, members)`` of each sample; a key seen before raises ``ValueError`` naming both shards."""
+    seen = {}
+    for sample in samples:
+        key = sample["__key__"]
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r}: in {seen[key]} and in {sample['__url__']}")
+        seen[key] = sample["__url__"]
+        yield key, members_of(sample)
 
 
 def describe_shard(shard):
