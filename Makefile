@@ -32,7 +32,7 @@ $(INSTALLED): requirements.txt pyproject.toml
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | $(QUIET_PIP)
 	@touch $@
 
-$(LAB_SETTINGS): $(INSTALLED) src/packdata/hub.py
+$(LAB_SETTINGS): $(INSTALLED) src/packdata/course/hub.py
 	@$(BIN)/packdata lab-settings > /dev/null
 
 setup: $(INSTALLED) $(LAB_SETTINGS)  ## create .venv, install pins and packdata, open .md as notebooks in Lab

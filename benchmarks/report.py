@@ -43,14 +43,16 @@ import webdataset as wds  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packdata import data, packing, storage, system  # noqa: E402
+from packdata import disks, imagefolder, packing, synthetic, system  # noqa: E402
 from packdata.bench import benchmark, count_samples  # noqa: E402
-from packdata.datasets import FolderDataset, IndexedTarDataset, WorkerSafeZipDataset, decode_image  # noqa: E402
-from packdata.remote import EncodedObjects  # noqa: E402
-from packdata.shards import write_shards  # noqa: E402
-from packdata.store import NetworkStore  # noqa: E402
-from packdata.streaming import ShardDataset, read_shard  # noqa: E402
-from packdata.tario import scan_plain  # noqa: E402
+from packdata.datasets import FolderDataset, IndexedTarDataset, WorkerSafeZipDataset
+from packdata.images import decode_image  # noqa: E402
+from packdata.datasets import EncodedObjects  # noqa: E402
+from packdata.shardwrite import write_shards  # noqa: E402
+from packdata.netstore import NetworkStore  # noqa: E402
+from packdata.shardread import read_shard
+from packdata.streaming import ShardDataset  # noqa: E402
+from packdata.tarscan import scan_plain  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "build" / "bench"
 BATCH, SMALL_BATCH, BUFFER, SHARDS = 256, 64, 1000, 10
@@ -237,9 +239,9 @@ def main(argv=None):
     repeats, slow_repeats = (2, 1) if args.small else (5, 3)
     started = time.perf_counter()
 
-    root = data.make_dataset(progress=False)
-    manifest = data.load_manifest(root)
-    work = data.data_dir() / "bench"
+    root = synthetic.make_dataset(progress=False)
+    manifest = imagefolder.load_manifest(root)
+    work = imagefolder.data_dir() / "bench"
     zip_path = packing.pack_zip(root, work / f"{root.name}.zip", progress=False)
     tar_path = packing.pack_tar(root, work / f"{root.name}.tar", progress=False)
     samples = len(manifest["samples"])
@@ -301,7 +303,7 @@ def main(argv=None):
     for cache in ("warm", "cold"):
         print(f"\ndecoded, batches of {BATCH}, {cache} page cache, after one untimed epoch")
         for name, make in loaders.items():
-            evict = (lambda p=paths[name]: storage.evict_from_page_cache(p)) if cache == "cold" else None
+            evict = (lambda p=paths[name]: disks.evict_from_page_cache(p)) if cache == "cold" else None
             results.measure_in_turn(cache, {f"{name}, {workers} workers": make(workers) for workers in WORKERS},
                                     repeats, before=evict, warmup=True)
 
@@ -310,9 +312,9 @@ def main(argv=None):
                                          "file descriptors": our_stream(2, handover=None)}, repeats, warmup=True)
 
     print(f"\nthrough the emulated network store, {NETWORK_LATENCY * 1e3:g} ms per request, {NETWORK_WORKERS} workers")
-    with NetworkStore(data.data_dir(), latency=NETWORK_LATENCY) as store, warnings.catch_warnings():
+    with NetworkStore(imagefolder.data_dir(), latency=NETWORK_LATENCY) as store, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        urls = [store.url_for(Path(path).relative_to(data.data_dir())) for path in shards]
+        urls = [store.url_for(Path(path).relative_to(imagefolder.data_dir())) for path in shards]
         per_file = EncodedObjects(f"{store.url}{root.name}/", manifest)
         sizes = [info.samples for info in infos]
         results.measure("network", "per-file", lambda: benchmark(

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from packdata.costmodel import fit_cost_model, plot_throughput_vs_size, predict_time, size_for_efficiency, throughput
-from packdata.storage import REFERENCE_STORAGE
+from packdata.disks import REFERENCE_STORAGE
 
 
 def test_predict_time_adds_waiting_and_transfer():

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from torchvision.datasets import FakeData, ImageFolder
 
-from packdata import data
+from packdata import export, imagefolder, synthetic
 
 
 def named(path):
@@ -35,21 +35,21 @@ def image_bytes(root):
 
 
 def test_same_seed_gives_identical_bytes(tiny_dataset, tmp_path):
-    again = data.make_dataset(tmp_path / "again", size=60, progress=False)
-    assert data.manifest_digest(again) == data.manifest_digest(tiny_dataset)
+    again = synthetic.make_dataset(tmp_path / "again", size=60, progress=False)
+    assert imagefolder.manifest_digest(again) == imagefolder.manifest_digest(tiny_dataset)
     assert files_under(again) == files_under(tiny_dataset)
 
 
 def test_worker_processes_do_not_change_the_bytes(tiny_dataset, tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "IMAGES_PER_WORKER", 20)
-    monkeypatch.setattr(data.os, "cpu_count", lambda: 2)
-    parallel = data.make_dataset(tmp_path / "parallel", size=60, progress=False)
+    monkeypatch.setattr(synthetic, "IMAGES_PER_WORKER", 20)
+    monkeypatch.setattr(synthetic.os, "cpu_count", lambda: 2)
+    parallel = synthetic.make_dataset(tmp_path / "parallel", size=60, progress=False)
     assert files_under(parallel) == files_under(tiny_dataset)
 
 
 def test_another_seed_gives_other_images(tiny_dataset, tmp_path):
-    other = data.make_dataset(tmp_path / "other", size=60, seed=1, progress=False)
-    assert data.manifest_digest(other) != data.manifest_digest(tiny_dataset)
+    other = synthetic.make_dataset(tmp_path / "other", size=60, seed=1, progress=False)
+    assert imagefolder.manifest_digest(other) != imagefolder.manifest_digest(tiny_dataset)
     assert not set(image_bytes(other).values()) & set(image_bytes(tiny_dataset).values())
 
 
@@ -57,9 +57,9 @@ def test_another_seed_gives_other_images(tiny_dataset, tmp_path):
 
 
 def test_image_folder_reads_the_same_classes_and_labels_as_the_manifest(tiny_dataset):
-    manifest = data.load_manifest(tiny_dataset)
+    manifest = imagefolder.load_manifest(tiny_dataset)
     folder = ImageFolder(tiny_dataset)
-    assert folder.classes == manifest["classes"] == list(data.CLASSES)
+    assert folder.classes == manifest["classes"] == list(synthetic.CLASSES)
     listed = [(str(tiny_dataset / sample["path"]), sample["label"]) for sample in manifest["samples"]]
     assert folder.samples == listed
     image, _ = folder[0]
@@ -67,18 +67,18 @@ def test_image_folder_reads_the_same_classes_and_labels_as_the_manifest(tiny_dat
 
 
 def test_manifest_matches_the_files(tiny_dataset):
-    manifest = data.load_manifest(tiny_dataset)
+    manifest = imagefolder.load_manifest(tiny_dataset)
     samples = manifest["samples"]
     assert (manifest["seed"], manifest["size"], manifest["image_size"]) == (0, 60, 64)
     assert [sample["key"] for sample in samples] == [f"{index:06d}" for index in range(60)]
     assert sorted(sample["path"] for sample in samples) == sorted(image_bytes(tiny_dataset))
     for sample in samples:
         class_name, file_name = sample["path"].split("/")
-        assert (class_name, file_name) == (data.CLASSES[sample["label"]], sample["key"] + ".jpg")
+        assert (class_name, file_name) == (synthetic.CLASSES[sample["label"]], sample["key"] + ".jpg")
         assert (tiny_dataset / sample["path"]).stat().st_size == sample["bytes"]
         assert 500 < sample["bytes"] < 8_000
     assert Counter(sample["label"] for sample in samples) == {label: 6 for label in range(10)}
-    assert data.verify_dataset(tiny_dataset) == 60
+    assert imagefolder.verify_dataset(tiny_dataset) == 60
 
 
 def test_manifest_text_is_stable(tiny_dataset):
@@ -87,49 +87,49 @@ def test_manifest_text_is_stable(tiny_dataset):
 
 
 def test_uneven_sizes_are_balanced_and_sorted_by_class(tmp_path):
-    root = data.make_dataset(tmp_path / "odd", size="13", progress=False)
-    labels = [sample["label"] for sample in data.load_manifest(root)["samples"]]
+    root = synthetic.make_dataset(tmp_path / "odd", size="13", progress=False)
+    labels = [sample["label"] for sample in imagefolder.load_manifest(root)["samples"]]
     assert labels == sorted(labels)
     assert Counter(labels) == {0: 2, 1: 2, 2: 2, **{label: 1 for label in range(3, 10)}}
     assert len(ImageFolder(root)) == 13
 
 
 def test_second_call_returns_without_rewriting(tmp_path):
-    root = data.make_dataset(tmp_path / "ds", size=20, progress=False)
+    root = synthetic.make_dataset(tmp_path / "ds", size=20, progress=False)
     before = (root / "manifest.json").stat()
-    assert data.make_dataset(root, size=20, progress=False) == root
+    assert synthetic.make_dataset(root, size=20, progress=False) == root
     after = (root / "manifest.json").stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
 def test_force_or_other_parameters_rebuild(tmp_path):
-    root = data.make_dataset(tmp_path / "ds", size=20, progress=False)
+    root = synthetic.make_dataset(tmp_path / "ds", size=20, progress=False)
     inode = (root / "manifest.json").stat().st_ino
-    data.make_dataset(root, size=20, force=True, progress=False)
+    synthetic.make_dataset(root, size=20, force=True, progress=False)
     assert (root / "manifest.json").stat().st_ino != inode
-    data.make_dataset(root, size=20, seed=3, progress=False)
-    assert data.load_manifest(root)["seed"] == 3
+    synthetic.make_dataset(root, size=20, seed=3, progress=False)
+    assert imagefolder.load_manifest(root)["seed"] == 3
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ds"]
 
 
 def test_environment_variables_choose_size_and_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("PACKDATA_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("PACKDATA_SIZE", "small")
-    assert (data.default_size(), data.data_dir()) == ("small", tmp_path)
-    assert data.default_root() == tmp_path / "synthetic-small"
+    assert (synthetic.default_size(), imagefolder.data_dir()) == ("small", tmp_path)
+    assert synthetic.default_root() == tmp_path / "synthetic-small"
     monkeypatch.setenv("PACKDATA_SIZE", "12")
-    root = data.make_dataset(progress=False)
+    root = synthetic.make_dataset(progress=False)
     assert root == tmp_path / "synthetic-12"
-    assert len(data.load_manifest(root)["samples"]) == 12
+    assert len(imagefolder.load_manifest(root)["samples"]) == 12
 
 
 def test_defaults_without_environment_variables(monkeypatch):
     monkeypatch.delenv("PACKDATA_DATA_DIR", raising=False)
     monkeypatch.delenv("PACKDATA_SIZE", raising=False)
-    repository_data = Path(data.__file__).resolve().parents[2] / "data"
+    repository_data = Path(imagefolder.__file__).resolve().parents[2] / "data"
     expected = repository_data if repository_data.is_dir() else Path.home() / ".cache" / "packdata"
-    assert (data.default_size(), data.data_dir()) == ("workshop", expected)
-    assert data.default_root("small") == expected / "synthetic-small"
+    assert (synthetic.default_size(), imagefolder.data_dir()) == ("workshop", expected)
+    assert synthetic.default_root("small") == expected / "synthetic-small"
 
 
 def test_classes_are_told_apart_by_a_trivial_feature():
@@ -143,7 +143,7 @@ def test_classes_are_told_apart_by_a_trivial_feature():
         return np.log(np.bincount(rings, power.ravel(), 32) / np.bincount(rings, minlength=32) + 1e-3)
 
     labels = np.repeat(np.arange(10), 40)
-    images = [data.render_image(label, np.random.default_rng([1, index])) for index, label in enumerate(labels)]
+    images = [synthetic.render_image(label, np.random.default_rng([1, index])) for index, label in enumerate(labels)]
     features = np.array([radial_spectrum(image) for image in images])
     train = np.arange(len(labels)) % 2 == 0
     means = np.array([features[train & (labels == label)].mean(axis=0) for label in range(10)])
@@ -157,8 +157,8 @@ def test_classes_are_told_apart_by_a_trivial_feature():
 
 def test_export_fake_data_round_trips(tmp_path):
     fake = FakeData(size=12, image_size=(3, 20, 24), num_classes=3)
-    root = data.export_torchvision(fake, tmp_path / "fake", progress=False)
-    manifest = data.load_manifest(root)
+    root = export.export_torchvision(fake, tmp_path / "fake", progress=False)
+    manifest = imagefolder.load_manifest(root)
     assert manifest["classes"] == ["0", "1", "2"]
     assert [sample["key"] for sample in manifest["samples"]] == [f"{index:06d}" for index in range(12)]
     folder = {Path(path).name: label for path, label in ImageFolder(root).samples}
@@ -167,7 +167,7 @@ def test_export_fake_data_round_trips(tmp_path):
         assert sample["label"] == folder[sample["key"] + ".jpg"] == label
         exported = Image.open(root / sample["path"])
         assert (exported.format, exported.size) == ("JPEG", original.size)
-    assert data.verify_dataset(root) == 12
+    assert imagefolder.verify_dataset(root) == 12
 
 
 def test_export_tensors_with_unsorted_class_names(tmp_path):
@@ -176,9 +176,9 @@ def test_export_tensors_with_unsorted_class_names(tmp_path):
         (torch.randint(0, 256, (channels, 8, 10), dtype=torch.uint8, generator=generator), label)
         for channels, label in [(3, 0), (1, 1), (3, 1)]
     ]
-    root = data.export_torchvision(samples, tmp_path / "tensors", classes=["zebra", "ant"], progress=False)
+    root = export.export_torchvision(samples, tmp_path / "tensors", classes=["zebra", "ant"], progress=False)
     folder = ImageFolder(root)
-    assert folder.classes == data.load_manifest(root)["classes"] == ["0-zebra", "1-ant"]
+    assert folder.classes == imagefolder.load_manifest(root)["classes"] == ["0-zebra", "1-ant"]
     assert folder.targets == [0, 1, 1]
     assert folder[1][0].size == (10, 8)
 
@@ -192,8 +192,8 @@ def test_export_image_folder_keeps_jpegs_and_converts_the_rest(tmp_path):
     Image.new("L", (12, 40), 200).save(source / "dogs" / "x.bmp")
     (source / "dogs" / "notes.txt").write_text("not an image")
 
-    root = data.export_image_folder(source, tmp_path / "exported", progress=False)
-    samples = data.load_manifest(root)["samples"]
+    root = export.export_image_folder(source, tmp_path / "exported", progress=False)
+    samples = imagefolder.load_manifest(root)["samples"]
     expected = [("cats/000000.jpg", 0), ("cats/000001.jpg", 0), ("dogs/000002.jpg", 1)]
     assert [(s["path"], s["label"]) for s in samples] == expected
     assert (root / "cats" / "000000.jpg").read_bytes() == (source / "cats" / "a.jpg").read_bytes()
@@ -202,9 +202,9 @@ def test_export_image_folder_keeps_jpegs_and_converts_the_rest(tmp_path):
 
 
 def test_exporting_our_own_dataset_copies_it_exactly(tiny_dataset, tmp_path):
-    root = data.export_image_folder(tiny_dataset, tmp_path / "copy", progress=False)
+    root = export.export_image_folder(tiny_dataset, tmp_path / "copy", progress=False)
     assert image_bytes(root) == image_bytes(tiny_dataset)
-    assert data.load_manifest(root)["samples"] == data.load_manifest(tiny_dataset)["samples"]
+    assert imagefolder.load_manifest(root)["samples"] == imagefolder.load_manifest(tiny_dataset)["samples"]
 
 
 # --- bad input: a clear error and nothing left behind ---------------------------------------------
@@ -213,22 +213,22 @@ def test_exporting_our_own_dataset_copies_it_exactly(tiny_dataset, tmp_path):
 @pytest.mark.parametrize("size", [0, -5, 9, 2.5, True, "huge", "12.5", "", "-3"])
 def test_nonsense_sizes_are_refused(tmp_path, size):
     with pytest.raises(ValueError, match="size"):
-        data.make_dataset(tmp_path / "ds", size=size, progress=False)
+        synthetic.make_dataset(tmp_path / "ds", size=size, progress=False)
     assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("options", [{"seed": -1}, {"seed": "0"}, {"image_size": 8}])
 def test_nonsense_options_are_refused(tmp_path, options):
     with pytest.raises(ValueError):
-        data.make_dataset(tmp_path / "ds", size=10, progress=False, **options)
+        synthetic.make_dataset(tmp_path / "ds", size=10, progress=False, **options)
     assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(
     "write",
     [
-        lambda target: data.make_dataset(target, size=10, force=True, progress=False),
-        lambda target: data.export_torchvision(FakeData(size=2, image_size=(3, 8, 8)), target, progress=False),
+        lambda target: synthetic.make_dataset(target, size=10, force=True, progress=False),
+        lambda target: export.export_torchvision(FakeData(size=2, image_size=(3, 8, 8)), target, progress=False),
     ],
     ids=["make_dataset", "export_torchvision"],
 )
@@ -244,9 +244,9 @@ def test_a_folder_that_is_not_ours_is_never_replaced(tmp_path, write):
 def test_a_file_is_not_a_dataset_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileExistsError, match=named(tmp_path / "file")):
-        data.make_dataset(tmp_path / "file", size=10, progress=False)
+        synthetic.make_dataset(tmp_path / "file", size=10, progress=False)
     with pytest.raises(OSError, match=named(tmp_path / "file")):
-        data.make_dataset(tmp_path / "file" / "ds", size=10, progress=False)
+        synthetic.make_dataset(tmp_path / "file" / "ds", size=10, progress=False)
     assert files_under(tmp_path) == {"file": b"x"}
 
 
@@ -256,39 +256,39 @@ def test_an_unwritable_folder_is_reported(tmp_path):
     locked.mkdir(mode=0o500)
     try:
         with pytest.raises(PermissionError, match=named(locked / "ds")):
-            data.make_dataset(locked / "ds", size=10, progress=False)
+            synthetic.make_dataset(locked / "ds", size=10, progress=False)
         assert not any(locked.iterdir())
     finally:
         locked.chmod(0o700)
 
 
 def test_an_interrupted_build_leaves_the_old_dataset_alone(tmp_path, monkeypatch):
-    root = data.make_dataset(tmp_path / "ds", size=20, progress=False)
-    digest = data.manifest_digest(root)
+    root = synthetic.make_dataset(tmp_path / "ds", size=20, progress=False)
+    digest = imagefolder.manifest_digest(root)
 
     def interrupted(label, rng, image_size):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(data, "render_image", interrupted)
+    monkeypatch.setattr(synthetic, "render_image", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        data.make_dataset(root, size=20, seed=1, progress=False)
+        synthetic.make_dataset(root, size=20, seed=1, progress=False)
     with pytest.raises(KeyboardInterrupt):
-        data.make_dataset(tmp_path / "new", size=20, progress=False)
-    assert data.manifest_digest(root) == digest
+        synthetic.make_dataset(tmp_path / "new", size=20, progress=False)
+    assert imagefolder.manifest_digest(root) == digest
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ds"]
 
 
 def test_bad_export_sources_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match=named(tmp_path / "missing")):
-        data.export_image_folder(tmp_path / "missing", tmp_path / "out", progress=False)
+        export.export_image_folder(tmp_path / "missing", tmp_path / "out", progress=False)
     (tmp_path / "empty" / "cats").mkdir(parents=True)
     with pytest.raises(ValueError, match=named(tmp_path / "empty")):
-        data.export_image_folder(tmp_path / "empty", tmp_path / "out", progress=False)
+        export.export_image_folder(tmp_path / "empty", tmp_path / "out", progress=False)
     broken = tmp_path / "broken" / "cats" / "broken.png"
     broken.parent.mkdir(parents=True)
     broken.write_bytes(b"not a png")
     with pytest.raises(ValueError, match=named(broken)):
-        data.export_image_folder(tmp_path / "broken", tmp_path / "out", progress=False)
+        export.export_image_folder(tmp_path / "broken", tmp_path / "out", progress=False)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["broken", "empty"]
 
 
@@ -303,23 +303,23 @@ def test_bad_export_sources_are_refused(tmp_path):
 def test_bad_torchvision_samples_are_refused(tmp_path, sample, message):
     good = (torch.zeros(3, 8, 8, dtype=torch.uint8), 1)
     with pytest.raises(ValueError, match=message):
-        data.export_torchvision([good, sample], tmp_path / "out", classes=["a", "b"], progress=False)
+        export.export_torchvision([good, sample], tmp_path / "out", classes=["a", "b"], progress=False)
     assert not any(tmp_path.iterdir())
 
 
 def test_missing_foreign_or_damaged_datasets_are_named(tiny_dataset, tmp_path):
     with pytest.raises(FileNotFoundError, match=named(tmp_path)):
-        data.load_manifest(tmp_path)
+        imagefolder.load_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text('{"hello": 1}')
     with pytest.raises(ValueError, match="not a packdata-imagefolder document"):
-        data.manifest_digest(tmp_path)
+        imagefolder.manifest_digest(tmp_path)
 
     copy = Path(shutil.copytree(tiny_dataset, tmp_path / "copy"))
-    first, second = [copy / sample["path"] for sample in data.load_manifest(copy)["samples"][:2]]
+    first, second = [copy / sample["path"] for sample in imagefolder.load_manifest(copy)["samples"][:2]]
     first.write_bytes(first.read_bytes() + b"\0")
     second.unlink()
     with pytest.raises(ValueError, match=named(first)):
-        data.verify_dataset(copy)
+        imagefolder.verify_dataset(copy)
     shutil.copy(tiny_dataset / first.relative_to(copy), first)
     with pytest.raises(FileNotFoundError, match=named(second)):
-        data.verify_dataset(copy)
+        imagefolder.verify_dataset(copy)

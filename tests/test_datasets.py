@@ -15,13 +15,16 @@ import webdataset
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
-from packdata.data import load_manifest
-from packdata.datasets import (FileChangedError, FolderDataset, HttpDataset, HttpRangeFile, IndexedTarDataset, ZipDataset,
-                               decode_image)
-from packdata import store as store_module
-from packdata.packing import END_OF_TAR, TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip, tar_member
-from packdata.store import NetworkStore
-from packdata.tario import TarFormatError, build_index, index_path
+from packdata.imagefolder import load_manifest
+from packdata.datasets import FolderDataset, HttpDataset, IndexedTarDataset, ZipDataset
+from packdata.httpclient import FileChangedError, HttpRangeFile
+from packdata.images import decode_image
+from packdata import netstore as store_module
+from packdata.packing import TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
+from packdata.tario import END_OF_TAR, tar_member
+from packdata.netstore import NetworkStore
+from packdata.tarindex import build_index, index_path
+from packdata.tario import TarFormatError
 
 
 class RawBytes(Dataset):

@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 from torch.utils.data import get_worker_info
 
-from packdata import checks, costmodel, data, exercises, packing, tario
+from packdata import costmodel, imagefolder, packing, tarindex
+from packdata.course import checks, exercises
 from packdata.datasets import FolderDataset, ZipDataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +158,7 @@ def archive(root, kind):
 
 
 def pack_zip_right(root, target, compression=zipfile.ZIP_STORED, labels=True, stamp=lambda name: name):
-    samples = data.load_manifest(root)["samples"]
+    samples = imagefolder.load_manifest(root)["samples"]
     with zipfile.ZipFile(target, "w", compression) as z:
         for s in samples:
             z.writestr(stamp(f"{s['key']}.jpg"), (Path(root) / s["path"]).read_bytes())
@@ -181,7 +182,7 @@ class StubZipDataset(ZipDataset):
 
 def tar_index_right(path):
     with open(path, "rb") as file:
-        return tario.index_members(file)
+        return tarindex.index_members(file)
 
 
 def tar_index_with_padded_names(path):
@@ -258,7 +259,7 @@ STUBS = {"check_folder_dataset": StubDataset, "check_zip_dataset": StubZipDatase
 
 def tiny_shards(root):
     """The tiny dataset as 8 shards next to it (written once per session)."""
-    from packdata.shards import write_shards
+    from packdata.shardwrite import write_shards
 
     folder = Path(root).parent / f"{Path(root).name}-shards"
     if not folder.exists():
@@ -441,14 +442,14 @@ class RecipeArgumentsNotATuple(ZipDataset):
 
 
 def lesson3_case(check, impl, root):
-    return check(impl, archive(root, "zip"), data.load_manifest(root))
+    return check(impl, archive(root, "zip"), imagefolder.load_manifest(root))
 
 
 CASES.update({
     "check_per_process_handle": (lesson3_case, PerProcessZip, [InheritedZip, OpenedOnceWithoutPid, OpenedEveryCall]),
     "check_worker_init_fn": (lesson3_case, reopen_right, [lambda worker_id: None, reopen_into_a_local]),
     "check_spawn_ready": (
-        lambda check, impl, root: check(impl(archive(root, "zip")), data.load_manifest(root)),
+        lambda check, impl, root: check(impl(archive(root, "zip")), imagefolder.load_manifest(root)),
         RecipeZip,
         [RecipeWithTheHandle, RecipeOfTheHandle, RecipeArgumentsNotATuple],
     ),
@@ -503,7 +504,7 @@ def test_an_unshuffled_drain_is_named_before_the_epochs_compare(tiny_dataset):
 
 
 def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_dataset):
-    manifest, path = data.load_manifest(tiny_dataset), archive(tiny_dataset, "zip")
+    manifest, path = imagefolder.load_manifest(tiny_dataset), archive(tiny_dataset, "zip")
     with pytest.raises(checks.CheckFailed) as not_a_tuple:
         checks.check_spawn_ready(RecipeArgumentsNotATuple(path), manifest)
     assert "tuple of the arguments" in str(not_a_tuple.value) and "ZipFile" not in str(not_a_tuple.value)

@@ -13,11 +13,12 @@ from functools import partial
 import pytest
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from packdata import handles
-from packdata.checks import CheckFailed, check_spawn_ready
-from packdata.data import load_manifest
+from packdata import audit, perprocess
+from packdata.course.checks import CheckFailed, check_spawn_ready
+from packdata.imagefolder import load_manifest
 from packdata.datasets import IndexedTarDataset, WorkerSafeZipDataset, ZipDataset
-from packdata.handles import PerProcessHandle, audit_reads, expected_checksums
+from packdata.audit import audit_reads, expected_checksums
+from packdata.perprocess import PerProcessHandle
 from packdata.packing import pack_tar, pack_zip
 
 CONTEXTS = ["fork", "spawn", "forkserver"]
@@ -72,7 +73,7 @@ def test_opens_on_first_use_once_per_process(tmp_path):
 
 def child_report(handle, parent_handle, queue):
     own = handle.get()
-    queue.put((own is parent_handle, own is handle.get(), handles.opened_in_this_process()))
+    queue.put((own is parent_handle, own is handle.get(), perprocess.opened_in_this_process()))
 
 
 def test_a_forked_child_opens_its_own_and_leaves_the_parents_alone(tmp_path):
@@ -186,10 +187,10 @@ def test_audit_refuses_checksums_of_another_length():
 def test_error_kind_reports_the_readers_error_without_the_names_it_quotes():
     wrapped = zipfile.BadZipFile("member '000001.jpg' of x.zip: Bad CRC-32 for file '000001.jpg'")
     wrapped.__cause__ = zipfile.BadZipFile("Bad CRC-32 for file '000001.jpg'")
-    assert handles.error_kind(wrapped) == "BadZipFile: Bad CRC-32 for file …"
+    assert audit.error_kind(wrapped) == "BadZipFile: Bad CRC-32 for file …"
     differ = zipfile.BadZipFile("File name in directory 'a.jpg' and header b'\\x00' differ.")
-    assert handles.error_kind(differ) == "BadZipFile: File name in directory …"
-    assert handles.error_kind(EOFError("short read")) == "EOFError: short read"
+    assert audit.error_kind(differ) == "BadZipFile: File name in directory …"
+    assert audit.error_kind(EOFError("short read")) == "EOFError: short read"
 
 
 def reopen_zip(worker_id):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from packdata import hub, schedule
+from packdata.course import hub, schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,9 +9,10 @@ import pytest
 import webdataset
 from PIL import Image
 
-from packdata import packing
-from packdata.data import load_manifest, manifest_digest
-from packdata.packing import FIXED_MTIME, FIXED_ZIP_TIME, TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
+from packdata import layout, samples
+from packdata.imagefolder import load_manifest, manifest_digest
+from packdata.packing import FIXED_ZIP_TIME, TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
+from packdata.tario import FIXED_MTIME
 
 
 def source_files(root):
@@ -145,7 +146,7 @@ def test_an_interrupted_run_leaves_the_old_archive_and_no_partial_file(tiny_data
             raise KeyboardInterrupt
         return jpeg
 
-    monkeypatch.setattr(packing, "encode_payload", failing_encode)
+    monkeypatch.setattr(samples, "encode_payload", failing_encode)
     with pytest.raises(KeyboardInterrupt):
         pack(tiny_dataset, archive, payload="raw", progress=False)
     assert sha256(archive) == before
@@ -163,6 +164,6 @@ def test_unknown_payloads_and_bad_sizes_are_refused(tiny_dataset, tmp_path, pack
 
 
 def test_split_member_follows_webdataset():
-    assert packing.split_member("000001.jpg") == ("000001", "jpg")
-    assert packing.split_member("a.b/000001.seg.png") == ("a.b/000001", "seg.png")
-    assert packing.split_member(TAR_MANIFEST) == (TAR_MANIFEST, "")
+    assert layout.split_member("000001.jpg") == ("000001", "jpg")
+    assert layout.split_member("a.b/000001.seg.png") == ("a.b/000001", "seg.png")
+    assert layout.split_member(TAR_MANIFEST) == (TAR_MANIFEST, "")

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from packdata import data, s3, shards, tario
+from packdata import imagefolder, s3, shardwrite, tarscan
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def shard_paths(tiny_dataset, tmp_path_factory):
-    written = shards.write_shards(tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=25, progress=False)
+    written = shardwrite.write_shards(tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=25, progress=False)
     return [info.path for info in written]
 
 
@@ -52,8 +52,8 @@ def test_boto3_and_s3fs_read_back_every_shard_and_sample(server, shard_paths, ti
     for url, path in zip(urls, shard_paths):
         body = fs.cat(url)
         assert body == path.read_bytes()
-        keys += [name.split(".")[0] for name, _ in tario.iter_buffer(body) if name.endswith(".jpg")]
-    assert sorted(keys) == sorted(s["key"] for s in data.load_manifest(tiny_dataset)["samples"])
+        keys += [name.split(".")[0] for name, _ in tarscan.iter_buffer(body) if name.endswith(".jpg")]
+    assert sorted(keys) == sorted(s["key"] for s in imagefolder.load_manifest(tiny_dataset)["samples"])
 
 
 def test_an_explicit_endpoint_is_the_same_single_setting(server, monkeypatch):

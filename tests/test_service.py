@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from packdata import store as store_module
-from packdata.store import DatasetClient, DatasetService, ServiceError, is_valid_name
+from packdata import service as service_module
+from packdata.service import DatasetClient, DatasetService, ServiceError, is_valid_name
 
 
 @pytest.fixture
@@ -232,7 +232,7 @@ def test_a_refused_upload_does_not_poison_the_next_request(client):
     assert client.datasets() == [{"name": "d", "files": 0, "bytes": 0}]  # the same keep-alive client goes on
 
 
-class _HangsUpInsteadOfAnsweringPost(store_module._ServiceHandler):
+class _HangsUpInsteadOfAnsweringPost(service_module._ServiceHandler):
     def send_json(self, status, document, headers=None):
         if self.command != "POST":
             return super().send_json(status, document, headers)
@@ -255,7 +255,7 @@ def test_a_create_whose_answer_is_lost_is_not_sent_again(tmp_path):
 
 
 def test_a_create_after_the_service_dropped_an_idle_connection(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_module._ServiceHandler, "timeout", 0.1)  # hang up on clients idle for 0.1 s
+    monkeypatch.setattr(service_module._ServiceHandler, "timeout", 0.1)  # hang up on clients idle for 0.1 s
     with DatasetService(tmp_path) as service:
         client = DatasetClient(service.url)
         client.datasets()
@@ -266,7 +266,7 @@ def test_a_create_after_the_service_dropped_an_idle_connection(tmp_path, monkeyp
 
 def test_a_file_upload_after_the_service_dropped_an_idle_connection(tmp_path, monkeypatch):
     """A body read from a file cannot be sent twice, so it goes out on a fresh connection."""
-    monkeypatch.setattr(store_module._ServiceHandler, "timeout", 0.1)
+    monkeypatch.setattr(service_module._ServiceHandler, "timeout", 0.1)
     source = tmp_path / "shard.tar"
     source.write_bytes(b"x" * 1000)
     (tmp_path / "served").mkdir()

@@ -7,21 +7,23 @@ import pytest
 import torchvision
 import webdataset
 
-from packdata import cli, data, shards
-from packdata.remote import map_shards, resize_sample, stage
+from packdata import cli, imagefolder, layout, samples, shardwrite
+from packdata.mapshards import map_shards, resize_sample
+from packdata.transfer import stage
 from packdata.packing import TAR_MANIFEST, pack_tar
-from packdata.shards import ShardWriter, cat_shards, describe_shard, iter_shard_samples, split_tar, write_shards
+from packdata.shardread import describe_shard, iter_shard_samples
+from packdata.shardwrite import ShardWriter, cat_shards, split_tar, write_shards
 from packdata.streaming import ShardDataset
 from packdata.tario import TarFormatError
 
 
 def samples_of(paths):
-    return {s["__key__"]: shards.members_of(s) for s in iter_shard_samples([str(p) for p in paths])}
+    return {s["__key__"]: layout.members_of(s) for s in iter_shard_samples([str(p) for p in paths])}
 
 
 @pytest.fixture(scope="module")
 def manifest(tiny_dataset):
-    return data.load_manifest(tiny_dataset)
+    return imagefolder.load_manifest(tiny_dataset)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,7 @@ def test_an_interrupted_run_leaves_the_folder_as_it_was(tiny_dataset, tmp_path, 
             raise KeyboardInterrupt
         return args[0]
 
-    monkeypatch.setattr(shards, "encode_payload", failing)
+    monkeypatch.setattr(samples, "encode_payload", failing)
     with pytest.raises(KeyboardInterrupt):
         write_shards(tiny_dataset, tmp_path, maxcount=30, progress=False)
     assert contents(tmp_path) == expected
@@ -147,7 +149,7 @@ def test_a_split_that_fails_part_way_leaves_the_old_shards_as_they_were(written,
     samples = list(iter_shard_samples([str(i.path) for i in written[1]]))
     with bad.open("wb") as file:  # 31 samples, the last one's key already used by the 4th
         for sample in [*samples[:30], samples[3]]:
-            file.write(shards.sample_bytes(sample["__key__"], shards.members_of(sample)))
+            file.write(shardwrite.sample_bytes(sample["__key__"], layout.members_of(sample)))
         file.write(bytes(1024))
     out = tmp_path / "out"
     split_tar(written[1][-1].path, out, maxcount=1)

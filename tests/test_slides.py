@@ -25,7 +25,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from packdata.slides import build_slides
+from packdata.course.slides import build_slides
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium")

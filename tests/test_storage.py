@@ -2,10 +2,9 @@ import os
 
 import pytest
 
-from packdata import storage
-from packdata.data import load_manifest, verify_dataset
-from packdata.storage import (NOT_MEASURED, REFERENCE_STORAGE, evict_from_page_cache, filesystem_type, fs_overhead,
-                              time_listing, time_stat, walk)
+from packdata import disks
+from packdata.imagefolder import load_manifest, verify_dataset
+from packdata.disks import NOT_MEASURED, REFERENCE_STORAGE, evict_from_page_cache, filesystem_type, fs_overhead, time_listing, time_stat, walk
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise is Linux/BSD only")
@@ -23,7 +22,7 @@ def test_eviction_declines_clearly_without_posix_fadvise(tiny_dataset, monkeypat
 
 
 def test_eviction_declines_clearly_on_a_filesystem_that_ignores_it(tiny_dataset, monkeypatch):
-    monkeypatch.setattr(storage, "filesystem_type", lambda path: "tmpfs")
+    monkeypatch.setattr(disks, "filesystem_type", lambda path: "tmpfs")
     with pytest.warns(RuntimeWarning, match="on tmpfs, which keeps files only in memory: nothing was evicted"):
         assert evict_from_page_cache(tiny_dataset) is False
 

@@ -5,9 +5,9 @@ import urllib.parse
 
 import pytest
 
-from packdata.data import load_manifest
-from packdata.store import NetworkStore
-from packdata.tario import written_atomically
+from packdata.imagefolder import load_manifest
+from packdata.netstore import NetworkStore
+from packdata.atomic import written_atomically
 
 SLACK = 1.0  # seconds a loaded CI machine may add to a request: only absurd delays fail
 

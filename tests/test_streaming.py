@@ -14,19 +14,12 @@ import torch
 import webdataset
 from torch.utils.data import DataLoader
 
-from packdata import data, streaming, tario
-from packdata.datasets import decode_image
-from packdata.shards import write_shards
-from packdata.store import NetworkStore
-from packdata.streaming import (
-    ShardDataset,
-    ShardError,
-    equal_quotas,
-    expand_shards,
-    shuffle_buffer,
-    shuffle_shards,
-    split_shards,
-)
+from packdata import imagefolder, plaingroup, streaming, tario, tarscan
+from packdata.images import decode_image
+from packdata.shardwrite import write_shards
+from packdata.netstore import NetworkStore
+from packdata.layout import ShardError, expand_shards
+from packdata.streaming import ShardDataset, equal_quotas, shuffle_buffer, shuffle_shards, split_shards
 
 KEYS = ("__key__", "cls")  # undecoded keys and labels: what exactly-once tests need, fast
 
@@ -46,7 +39,7 @@ def urls(shard_dir):
 
 @pytest.fixture(scope="module")
 def all_keys(tiny_dataset):
-    return sorted(sample["key"] for sample in data.load_manifest(tiny_dataset)["samples"])
+    return sorted(sample["key"] for sample in imagefolder.load_manifest(tiny_dataset)["samples"])
 
 
 def keys_of(dataset, num_workers=1):
@@ -241,7 +234,7 @@ def test_a_shard_is_freed_before_the_next_is_read(urls, monkeypatch):
 
 
 def test_samples_decode_to_the_source_pixels_and_labels(urls, tiny_dataset):
-    manifest = {s["key"]: s for s in data.load_manifest(tiny_dataset)["samples"]}
+    manifest = {s["key"]: s for s in imagefolder.load_manifest(tiny_dataset)["samples"]}
     dataset = ShardDataset(urls, keys=("jpg", "cls", "__key__"), transform=lambda image: image.flip(-1))
     for image, label, key in dataset:
         source = decode_image((tiny_dataset / manifest[key]["path"]).read_bytes())
@@ -291,14 +284,14 @@ def test_a_url_that_404s_names_the_url(shard_dir, urls):
 
 
 def test_webdataset_reads_our_shards(urls, all_keys, tiny_dataset):
-    labels = {s["key"]: s["label"] for s in data.load_manifest(tiny_dataset)["samples"]}
+    labels = {s["key"]: s["label"] for s in imagefolder.load_manifest(tiny_dataset)["samples"]}
     samples = list(webdataset.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls"))
     assert sorted(key for key, _ in samples) == all_keys
     assert all(int(label) == labels[key] for key, label in samples)
 
 
 def test_we_read_shards_written_by_webdataset(tiny_dataset, tmp_path, all_keys):
-    manifest = data.load_manifest(tiny_dataset)
+    manifest = imagefolder.load_manifest(tiny_dataset)
     with webdataset.ShardWriter(str(tmp_path / "wds-%02d.tar"), maxcount=25, verbose=0) as writer:
         for s in manifest["samples"]:
             writer.write({"__key__": s["key"], "jpg": (tiny_dataset / s["path"]).read_bytes(), "cls": s["label"]})
@@ -336,14 +329,14 @@ def test_scan_buffer_agrees_with_tarfile(tar_format):
     archive = make_tar(tar_format, names)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         expected = [(m.name, archive[m.offset_data:m.offset_data + m.size]) for m in tar.getmembers() if m.isfile()]
-    assert list(tario.iter_buffer(archive, "t.tar")) == expected
+    assert list(tarscan.iter_buffer(archive, "t.tar")) == expected
 
 
 def test_a_bad_checksum_is_caught_in_the_fast_path():
     archive = bytearray(make_tar(tarfile.USTAR_FORMAT, ["a.jpg", "b.jpg", "c.jpg"]))
     archive[1024 + 5] ^= 1  # a byte of the second header's name
     with pytest.raises(tario.TarFormatError, match="t.tar: bad header checksum at offset 1024"):
-        tario.scan_buffer(bytes(archive), "t.tar")
+        tarscan.scan_buffer(bytes(archive), "t.tar")
 
 
 def test_a_header_lookalike_inside_a_member_takes_the_general_path():
@@ -355,8 +348,8 @@ def test_a_header_lookalike_inside_a_member_takes_the_general_path():
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
     archive = buffer.getvalue()
-    assert tario.scan_plain(archive, "t.tar") is None
-    assert list(tario.iter_buffer(archive, "t.tar")) == [("a.bin", lookalike), ("b.bin", b"x")]
+    assert tarscan.scan_plain(archive, "t.tar") is None
+    assert list(tarscan.iter_buffer(archive, "t.tar")) == [("a.bin", lookalike), ("b.bin", b"x")]
 
 
 def test_checksum_fields_in_other_spellings_are_read():
@@ -367,20 +360,20 @@ def test_checksum_fields_in_other_spellings_are_read():
             info.size = len(name)
             tar.addfile(info, io.BytesIO(name.encode()))
     archive = bytearray(buffer.getvalue())
-    expected = list(tario.iter_buffer(bytes(archive), "t.tar"))
+    expected = list(tarscan.iter_buffer(bytes(archive), "t.tar"))
     for offset in (0, 1024, 2048, 3072):  # every member here fits in one block
         header = archive[offset:offset + 512]
         checksum = sum(header[:148]) + 8 * ord(" ") + sum(header[156:])
         archive[offset + 148:offset + 156] = f"{checksum:07o}\x00".encode()  # 7 digits and a NUL, as some tars have
-    assert tario.scan_plain(bytes(archive), "t.tar") is not None
-    assert list(tario.iter_buffer(bytes(archive), "t.tar")) == expected
+    assert tarscan.scan_plain(bytes(archive), "t.tar") is not None
+    assert list(tarscan.iter_buffer(bytes(archive), "t.tar")) == expected
 
 
 @pytest.mark.parametrize("width", [3, 8, 12])
 def test_has_duplicates_compares_whole_rows(width):
     rows = np.frombuffer(b"".join(f"{i:0{width}d}".encode() for i in (5, 17, 3)), np.uint8).reshape(3, width)
-    assert not streaming.has_duplicates(rows)
-    assert streaming.has_duplicates(np.concatenate([rows, rows[1:2]]))
+    assert not plaingroup.has_duplicates(rows)
+    assert plaingroup.has_duplicates(np.concatenate([rows, rows[1:2]]))
 
 
 @pytest.mark.parametrize("key_length", [6, 20])
@@ -395,11 +388,11 @@ def test_the_fast_path_leaves_a_duplicate_key_to_the_general_path(key_length):
         return buffer.getvalue()
 
     first, second = (f"{i:0{key_length}d}" for i in (1, 2))
-    assert list(streaming.plain_tuples(archive([first, second]), "t.tar", ("__key__", "cls"))) == [
+    assert list(plaingroup.plain_tuples(archive([first, second]), "t.tar", ("__key__", "cls"))) == [
         (first, first.encode()), (second, second.encode())]
     repeated = archive([first, second, first])
-    assert tario.scan_plain(repeated, "t.tar") is not None
-    assert streaming.plain_tuples(repeated, "t.tar", ("jpg", "cls")) is None
+    assert tarscan.scan_plain(repeated, "t.tar") is not None
+    assert plaingroup.plain_tuples(repeated, "t.tar", ("jpg", "cls")) is None
 
 
 @pytest.mark.parametrize("cut", [100, 700, 1030, "before the end block"])
@@ -408,7 +401,7 @@ def test_a_truncated_buffer_is_caught_in_the_fast_path(cut):
     if cut == "before the end block":
         cut = -(-len(archive.rstrip(b"\x00")) // 512) * 512
     with pytest.raises(tario.TarFormatError, match="t.tar is truncated"):
-        tario.scan_buffer(archive[:cut], "t.tar")
+        tarscan.scan_buffer(archive[:cut], "t.tar")
 
 
 # --- bad input -------------------------------------------------------------------------------------
@@ -416,7 +409,7 @@ def test_a_truncated_buffer_is_caught_in_the_fast_path(cut):
 
 @pytest.fixture
 def jpeg(tiny_dataset):
-    return (tiny_dataset / data.load_manifest(tiny_dataset)["samples"][0]["path"]).read_bytes()
+    return (tiny_dataset / imagefolder.load_manifest(tiny_dataset)["samples"][0]["path"]).read_bytes()
 
 
 @pytest.fixture

@@ -8,22 +8,12 @@ from pathlib import Path
 import pytest
 import webdataset
 
-from packdata import tario
+from packdata import tarindex, tario
 from packdata.datasets import IndexedTarDataset
 from packdata.packing import pack_tar
-from packdata.tario import (
-    BLOCK,
-    StaleIndexError,
-    TarFormatError,
-    build_index,
-    index_members,
-    iter_buffer,
-    index_path,
-    iter_members,
-    load_index,
-    parse_header,
-    scan_buffer,
-)
+from packdata.tarindex import StaleIndexError, build_index, index_members, index_path, load_index
+from packdata.tario import BLOCK, TarFormatError, iter_members, parse_header
+from packdata.tarscan import iter_buffer, scan_buffer
 
 LONG_NAME = "deep/" * 30 + "sample.jpg"  # 160 characters: more than ustar's 100-byte name field
 MTIME = 1_700_000_000.25  # pax keeps the fraction; ustar and GNU headers hold whole seconds
@@ -43,18 +33,16 @@ class Stream(io.RawIOBase):
         return self.source.readinto(buffer)
 
 
-def write_tar(path, tar_format, names=NAMES):
-    """A tar of ``names`` (contents derived from each name) plus a symlink, written by Python's tarfile."""
-    with tarfile.open(path, "w", format=tar_format) as tar:
-        for index, name in enumerate(names):
-            data = (name * index).encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.uid, info.uname = len(data), MTIME, 1000 + index, f"user{index}"
-            tar.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("link-to-a")
-        link.type, link.linkname = tarfile.SYMTYPE, "a.txt"
-        tar.addfile(link)
-    return path
+def named_members(names=NAMES):
+    """Members of ``names`` (contents derived from each name, owners and times set) plus a symlink."""
+    members = []
+    for index, name in enumerate(names):
+        info = tarfile.TarInfo(name)
+        info.mtime, info.uid, info.uname = MTIME, 1000 + index, f"user{index}"
+        members.append((info, (name * index).encode()))
+    link = tarfile.TarInfo("link-to-a")
+    link.type, link.linkname = tarfile.SYMTYPE, "a.txt"
+    return [*members, (link, None)]
 
 
 def as_tarfile_sees_it(path):
@@ -69,15 +57,15 @@ def as_we_see_it(fileobj, name=None):
 
 
 @pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
-def test_headers_agree_with_tarfile(tmp_path, tar_format):
+def test_headers_agree_with_tarfile(tmp_path, tar_format, write_tar):
     names = NAMES if tar_format != tarfile.USTAR_FORMAT else [n for n in NAMES if n != LONG_NAME]  # ustar: no room
-    path = write_tar(tmp_path / "t.tar", tar_format, names)
+    path = Path(write_tar(tmp_path / "t.tar", named_members(names), tar_format))
     with path.open("rb") as file:
         assert as_we_see_it(file) == as_tarfile_sees_it(path)
 
 
-def test_pax_headers_override_name_and_mtime(tmp_path):
-    path = write_tar(tmp_path / "t.tar", tarfile.PAX_FORMAT)
+def test_pax_headers_override_name_and_mtime(tmp_path, write_tar):
+    path = Path(write_tar(tmp_path / "t.tar", named_members(), tarfile.PAX_FORMAT))
     with path.open("rb") as file:
         headers = [header for header, _ in iter_members(file)]
     assert [h.name for h in headers if h.is_file] == NAMES
@@ -94,8 +82,8 @@ def test_gnu_base256_numbers(tmp_path):
         assert next(iter_members(file))[0].uid == 8**8
 
 
-def test_members_come_with_their_data_also_from_a_stream(tmp_path):
-    path = write_tar(tmp_path / "t.tar", tarfile.PAX_FORMAT)
+def test_members_come_with_their_data_also_from_a_stream(tmp_path, write_tar):
+    path = Path(write_tar(tmp_path / "t.tar", named_members(), tarfile.PAX_FORMAT))
     with tarfile.open(path) as tar:
         expected = [(i.name, tar.extractfile(i).read()) for i in tar.getmembers() if i.isfile()]
     assert list(iter_buffer(path.read_bytes())) == expected
@@ -115,8 +103,8 @@ def test_a_webdataset_shard_is_read_like_tarfile_reads_it(tmp_path):
     assert b" mtime=" in path.read_bytes()  # webdataset's float mtimes went into pax headers
 
 
-def test_parse_header_verifies_the_checksum_and_names_archive_and_offset(tmp_path):
-    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt", "b.txt"])
+def test_parse_header_verifies_the_checksum_and_names_archive_and_offset(tmp_path, write_tar):
+    path = Path(write_tar(tmp_path / "t.tar", named_members(["a.txt", "b.txt"]), tarfile.USTAR_FORMAT))
     second = as_tarfile_sees_it(path)[1][-1] - BLOCK
     block = bytearray(path.read_bytes()[second:second + BLOCK])
     assert parse_header(bytes(block), "t.tar", second).name == "b.txt"
@@ -143,9 +131,9 @@ def test_garbage_is_not_a_tar(tmp_path):
      r"the header at offset \d+ \(after member 'link-to-a'\) needs 512 bytes, only 0 are left"),
 ])
 @pytest.mark.parametrize("seekable", [True, False])
-def test_a_truncated_tar_names_the_archive_and_the_member(tmp_path, cut, expected, seekable):
+def test_a_truncated_tar_names_the_archive_and_the_member(tmp_path, cut, expected, seekable, write_tar):
     names = [n for n in NAMES if n != LONG_NAME]
-    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, names)
+    path = Path(write_tar(tmp_path / "t.tar", named_members(names), tarfile.USTAR_FORMAT))
     offsets = [row[-1] for row in as_tarfile_sees_it(path) if row[0] in names]
     data = path.read_bytes()[:cut(offsets)]
     path.write_bytes(data)
@@ -154,8 +142,8 @@ def test_a_truncated_tar_names_the_archive_and_the_member(tmp_path, cut, expecte
         list(iter_members(fileobj, name=str(path)))
 
 
-def test_index_offsets_point_at_each_members_data(tmp_path):
-    path = write_tar(tmp_path / "t.tar", tarfile.PAX_FORMAT)
+def test_index_offsets_point_at_each_members_data(tmp_path, write_tar):
+    path = Path(write_tar(tmp_path / "t.tar", named_members(), tarfile.PAX_FORMAT))
     index = build_index(path)
     blob = path.read_bytes()
     with tarfile.open(path) as tar:
@@ -170,7 +158,7 @@ def test_index_offsets_point_at_each_members_data(tmp_path):
 def test_load_index_uses_a_current_index_and_rebuilds_a_stale_one(tmp_path, tiny_dataset, monkeypatch):
     path = pack_tar(tiny_dataset, tmp_path / "t.tar", progress=False)
     built = build_index(path)
-    monkeypatch.setattr(tario, "build_index", lambda _: pytest.fail("a current index was rebuilt"))
+    monkeypatch.setattr(tarindex, "build_index", lambda _: pytest.fail("a current index was rebuilt"))
     assert load_index(path, rebuild=False) == load_index(path) == built
     monkeypatch.undo()
 
@@ -182,28 +170,28 @@ def test_load_index_uses_a_current_index_and_rebuilds_a_stale_one(tmp_path, tiny
     assert load_index(path, rebuild=False) == rebuilt
 
 
-def test_a_touched_tar_makes_its_index_stale(tmp_path):
-    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt"])
+def test_a_touched_tar_makes_its_index_stale(tmp_path, write_tar):
+    path = Path(write_tar(tmp_path / "t.tar", named_members(["a.txt"]), tarfile.USTAR_FORMAT))
     build_index(path)
     os.utime(path, ns=(0, path.stat().st_mtime_ns + 1))
     with pytest.raises(StaleIndexError):
         load_index(path, rebuild=False)
 
 
-def test_a_folder_that_refuses_the_index_file_keeps_it_in_memory(tmp_path, monkeypatch):
-    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt"])
+def test_a_folder_that_refuses_the_index_file_keeps_it_in_memory(tmp_path, monkeypatch, write_tar):
+    path = Path(write_tar(tmp_path / "t.tar", named_members(["a.txt"]), tarfile.USTAR_FORMAT))
 
     def refused(target):  # what mkstemp meets in a read-only folder (root ignores permissions, so it is staged)
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(tario, "written_atomically", refused)
+    monkeypatch.setattr(tarindex, "written_atomically", refused)
     with pytest.warns(UserWarning, match="cannot store the index of .*t.tar next to it"):
         assert load_index(path) == {"a.txt": (BLOCK, 0)}
     assert not index_path(path).exists()
 
 
-def test_a_missing_or_unreadable_index(tmp_path):
-    path = write_tar(tmp_path / "t.tar", tarfile.USTAR_FORMAT, ["a.txt"])
+def test_a_missing_or_unreadable_index(tmp_path, write_tar):
+    path = Path(write_tar(tmp_path / "t.tar", named_members(["a.txt"]), tarfile.USTAR_FORMAT))
     with pytest.raises(StaleIndexError, match="is missing"):
         load_index(path, rebuild=False)
     index_path(path).write_text("{not json")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from packdata import shards
+from packdata import shardread, shardwrite
 from packdata.streaming import ShardDataset
 from packdata.train import SmallCNN, common_steps, evaluate, train_epoch
 
@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
 @pytest.fixture(scope="module")
 def shard_paths(tiny_dataset, tmp_path_factory):
-    written = shards.write_shards(tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=11, progress=False)
+    written = shardwrite.write_shards(tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=11, progress=False)
     return [str(info.path) for info in written]  # 60 samples: five shards of 11 and one of 5
 
 
@@ -60,7 +60,7 @@ def test_torchrun_splits_shards_per_rank_with_equal_steps(shard_paths, tmp_path)
     assert "rank 0: test accuracy" in run.stdout
     reports = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     assert reports[0]["steps"] == reports[1]["steps"] == [2, 2]  # 22 samples on the smaller rank: 2 whole batches
-    keys_by_shard = {key: shard for shard in train for key in (s["__key__"] for s in shards.iter_shard_samples([shard]))}
+    keys_by_shard = {key: shard for shard in train for key in (s["__key__"] for s in shardread.iter_shard_samples([shard]))}
     for epoch in range(2):
         seen = [reports[rank]["keys"][epoch] for rank in (0, 1)]
         assert len(seen[0]) == len(seen[1]) == 2 * 8

@@ -7,21 +7,21 @@ from pathlib import Path
 
 
 def _make_data(args):
-    from . import data
+    from . import synthetic
 
-    root = data.make_dataset(args.root, size=args.size, seed=args.seed, force=args.force)
+    root = synthetic.make_dataset(args.root, size=args.size, seed=args.seed, force=args.force)
     print(root)
 
 
 def _export(args):
-    from . import data
+    from . import export
 
-    root = data.export_image_folder(args.source, args.target)
+    root = export.export_image_folder(args.source, args.target)
     print(root)
 
 
 def _exercises(args):
-    from . import exercises
+    from .course import exercises
 
     if args.check:
         drifted = exercises.check_exercises(args.solutions, args.exercises)
@@ -33,50 +33,50 @@ def _exercises(args):
 
 
 def _slides(args):
-    from . import slides
+    from .course import slides
 
     for deck in slides.build_slides(args.notebooks, args.out, execute=args.execute):
         print(deck)
 
 
 def _lab_settings(args):
-    from . import hub
+    from .course import hub
 
     print(hub.write_lab_settings(args.prefix))
 
 
 def _schedule(args):
-    from . import schedule
+    from .course import schedule
 
     print(schedule.make_schedule(".", args.guide))
 
 
 def _shards(args):
-    from . import shards
+    from . import layout, shardread, shardwrite
 
     if args.action == "list":
-        for shard in shards.expand_shards(args.shards):
-            info = shards.describe_shard(shard)
-            print(shards.format_shard(info))
+        for shard in layout.expand_shards(args.shards):
+            info = shardread.describe_shard(shard)
+            print(shardread.format_shard(info))
             for name, size in info["member_sizes"] if args.members else ():
                 print(f"  {name}\t{size:,} bytes")
     elif args.action == "show":
-        for sample in islice(shards.iter_shard_samples(args.shards), args.count):
-            print(shards.format_sample(sample))
+        for sample in islice(shardread.iter_shard_samples(args.shards), args.count):
+            print(shardread.format_sample(sample))
     else:
-        written = (shards.split_tar(args.shards[0], args.out_dir, prefix=args.prefix, maxcount=args.maxcount,
+        written = (shardwrite.split_tar(args.shards[0], args.out_dir, prefix=args.prefix, maxcount=args.maxcount,
                                     maxsize=args.maxsize) if args.action == "split" else
-                   [shards.cat_shards(args.shards, args.output)])
+                   [shardwrite.cat_shards(args.shards, args.output)])
         for info in written:
             print(f"{info.path}\t{info.samples} samples\t{info.bytes:,} bytes")
 
 
 def _serve(args):
-    from . import store
+    from . import service
 
-    store.serve(args.root, latency=args.latency / 1000, bandwidth=args.bandwidth * 1e6 if args.bandwidth else None,
+    service.serve(args.root, latency=args.latency / 1000, bandwidth=args.bandwidth * 1e6 if args.bandwidth else None,
                 host=args.host, port=args.port,
-                max_upload=int(args.max_upload * 1e6) if args.max_upload else store.MAX_UPLOAD)
+                max_upload=int(args.max_upload * 1e6) if args.max_upload else service.MAX_UPLOAD)
 
 
 def build_parser():

@@ -5,186 +5,23 @@ Every dataset here reads a sample's raw bytes with ``read_bytes(index)`` and han
 same ``decode_image``, so formats differ only in *how the bytes arrive*, never in how they decode.
 """
 
-import http.client
-import io
 import json
 import os
-import threading
-import urllib.parse
 import zipfile
 from functools import partial
-from http import HTTPStatus
 from pathlib import Path
 
-import numpy as np
-import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
-from .data import load_manifest
-from .handles import PerProcessHandle
-from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest, split_member
-from .store import file_etag
-from .tario import INDEX_SUFFIX, TarFormatError, current_members, index_members, load_index
+from .httpclient import FileChangedError, HttpClient, HttpRangeFile, file_etag, is_url
+from .imagefolder import load_manifest, samples_from_folders, samples_from_manifest
+from .images import IMAGE_FIELDS, check_decoder, decode_image
+from .layout import split_member
+from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest
+from .perprocess import PerProcessHandle
+from .tarindex import INDEX_SUFFIX, current_members, index_members, load_index
+from .tario import TarFormatError
 
-DECODERS = ("pil", "torchvision")
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")  # encoded images, which both decoders read
-PAYLOAD_SUFFIXES = (*IMAGE_SUFFIXES, ".npy")  # the members of an archive that are samples
-NPY_MAGIC = b"\x93NUMPY"
-
-
-def decode_image(data, decoder="pil"):
-    """Decode JPEG bytes into an RGB ``uint8`` tensor of shape (3, H, W); ``.npy`` bytes (a ``uint8`` HWC
-    array saved by numpy, what ``packing`` stores for ``payload="raw"``) need no decoder and ignore it."""
-    if data[:len(NPY_MAGIC)] == NPY_MAGIC:
-        return decode_array(data)
-    if decoder == "pil":
-        with Image.open(io.BytesIO(data)) as image:
-            return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).contiguous()
-    if decoder == "torchvision":
-        from torchvision import io as tvio  # on first use: importing torchvision slows worker start
-
-        return tvio.decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tvio.ImageReadMode.RGB)
-    raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
-
-
-def decode_array(data):
-    """A ``uint8`` (H, W, 3) array in ``.npy`` bytes as a (3, H, W) tensor."""
-    array = np.load(io.BytesIO(data), allow_pickle=False)
-    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
-        raise ValueError(f"expected a uint8 array of shape (H, W, 3), got {array.dtype} of shape {array.shape}")
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
-
-
-def is_url(source):
-    """True when ``source`` names something on an HTTP server rather than a local path."""
-    return str(source).startswith("http://")
-
-
-def samples_from_manifest(manifest):
-    """``(classes, rows)`` in manifest order, each row ``(relative path, label, bytes)``."""
-    rows = [(sample["path"], sample["label"], sample["bytes"]) for sample in manifest["samples"]]
-    return list(manifest["classes"]), rows
-
-
-def samples_from_folders(root):
-    """``(classes, rows)`` the way torchvision's ImageFolder sees ``root``: sorted class folders, sorted files."""
-    root = Path(root)
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-    rows = [
-        (f"{name}/{path.name}", label, path.stat().st_size)
-        for label, name in enumerate(classes)
-        for path in sorted((root / name).iterdir())
-        if path.suffix.lower() in IMAGE_SUFFIXES
-    ]
-    return classes, rows
-
-
-IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE"})  # sending one twice does no more than once
-
-
-def describe_request(method, url, headers=None):
-    """How error messages name a request: ``GET http://...``, and its ``Range`` when it has one."""
-    return " ".join([method, url, *[value for name, value in (headers or {}).items() if name == "Range"]])
-
-
-class FileChangedError(OSError):
-    """An archive changed after its index was read: the offsets no longer point at its members."""
-
-
-class HttpClient:
-    """Requests against one ``http://`` base URL over keep-alive connections: one per process and thread,
-    opened on first use. Pickles as plain data, so DataLoader workers (fork or spawn) each open their own."""
-
-    def __init__(self, base_url, timeout=30.0):
-        parts = urllib.parse.urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"expected an http:// base URL, got {base_url!r}")
-        self.base_url = base_url if base_url.endswith("/") else base_url + "/"
-        self.timeout = timeout
-        self._local, self._pid = None, None
-
-    def __getstate__(self):
-        return {**self.__dict__, "_local": None, "_pid": None}
-
-    def url_for(self, relpath):
-        """The URL of ``relpath`` under the base URL."""
-        return self.base_url + urllib.parse.quote(relpath)
-
-    def get(self, relpath):
-        """The body of one GET; errors name the URL and the HTTP status (404 is a ``FileNotFoundError``)."""
-        return self._expect("GET", relpath, {}, HTTPStatus.OK)[1]
-
-    def get_range(self, relpath, start, length, etag=None):
-        """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when length is 0).
-        With ``etag`` (the version the offsets were read from) the server refuses another version of the file:
-        ``FileChangedError`` instead of bytes from the wrong place. A weak ``W/`` ETag is not sent: ``If-Match``
-        compares strongly, so it would never match."""
-        if length == 0:
-            return b""
-        headers = {"Range": f"bytes={start}-{start + length - 1}"}
-        if etag and not etag.startswith("W/"):
-            headers["If-Match"] = etag
-        body = self._expect("GET", relpath, headers, HTTPStatus.PARTIAL_CONTENT)[1]
-        if len(body) != length:
-            raise OSError(f"GET {self.url_for(relpath)} returned {len(body)} of the {length} bytes asked for "
-                          f"at offset {start}: the file is shorter than expected")
-        return body
-
-    def head(self, relpath):
-        """The response to one HEAD request: ``Content-Length``, ``ETag`` and the other headers of ``relpath``."""
-        return self._expect("HEAD", relpath, {}, HTTPStatus.OK)[0]
-
-    def request(self, method, url, body=None, headers=None):
-        """``(response, body)`` of one request for ``url`` (under the base URL), whatever its status.
-
-        A connection the server dropped (an idle keep-alive one, say) is reopened and the request sent once
-        more, but only when sending it twice cannot do more than once: an idempotent method whose body is
-        None or bytes. Any other request (a POST, or a body read from a file) goes out on a fresh connection
-        and is never repeated. A failure to talk to the server raises ``ConnectionError``, or ``TimeoutError``
-        after ``timeout`` s without an answer, naming the request.
-        """
-        repeatable = method in IDEMPOTENT_METHODS and (body is None or isinstance(body, bytes))
-        connection = self.connection()
-        if not repeatable:
-            connection.close()  # a kept-alive connection may be dropped under the request, which cannot be resent
-        for attempt in (1, 2):
-            try:
-                try:
-                    connection.request(method, urllib.parse.urlsplit(url).path, body=body, headers=headers or {})
-                except ConnectionError:
-                    if connection.sock is None:
-                        raise  # no connection at all
-                    # else the server may have answered (a 413, say) and hung up while the body was still going out
-                response = connection.getresponse()
-                return response, response.read()
-            except (http.client.HTTPException, OSError) as error:
-                connection.close()
-                what = describe_request(method, url, headers)
-                if isinstance(error, TimeoutError):
-                    raise TimeoutError(f"{what} failed: no answer within {self.timeout} s") from error
-                if attempt == 2 or not repeatable:
-                    raise ConnectionError(f"{what} failed: {error!r}") from error
-
-    def _expect(self, method, relpath, headers, expected_status):
-        """``(response, body)`` of one request that must answer ``expected_status``; errors name the request."""
-        url = self.url_for(relpath)
-        response, body = self.request(method, url, headers=headers)
-        if response.status == HTTPStatus.PRECONDITION_FAILED and "If-Match" in headers:
-            raise FileChangedError(f"{url} changed after it was opened (it was version {headers['If-Match']}, it is "
-                                   f"now {response.getheader('ETag')}): open it again, e.g. build the dataset anew")
-        if response.status != expected_status:
-            kind = FileNotFoundError if response.status == HTTPStatus.NOT_FOUND else OSError
-            raise kind(f"{describe_request(method, url, headers)} failed: HTTP {response.status} {response.reason}")
-        return response, body
-
-    def connection(self):
-        if self._pid != os.getpid():  # first use, or a forked child holding its parent's sockets
-            self._local, self._pid = threading.local(), os.getpid()
-        if not hasattr(self._local, "connection"):
-            parts = urllib.parse.urlsplit(self.base_url)
-            self._local.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout)
-        return self._local.connection
 
 
 class EncodedImageDataset(Dataset):
@@ -195,8 +32,7 @@ class EncodedImageDataset(Dataset):
     """
 
     def __init__(self, classes, rows, transform=None, decoder="pil"):
-        if decoder not in DECODERS:
-            raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
+        check_decoder(decoder)
         if not rows:
             raise ValueError(f"{type(self).__name__} has no samples")
         self.classes = classes
@@ -266,54 +102,6 @@ class HttpDataset(EncodedImageDataset):
         return self.url_for(index)
 
 
-class HttpRangeFile(io.RawIOBase):
-    """A read-only, seekable file over ``http://`` (e.g. an archive on a ``NetworkStore``), enough for
-    ``zipfile.ZipFile`` or ``tario.iter_members``. Opening it costs one HEAD (for the size); a read that the
-    buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes. ``etag`` is the server's
-    validator of the file's version, from the same HEAD (None when it sends none); every read asks for that
-    version (``If-Match``), so a file replaced meanwhile raises ``FileChangedError``."""
-
-    def __init__(self, url, read_ahead=64 * 1024, timeout=30.0):
-        super().__init__()
-        base_url, _, quoted_relpath = url.rpartition("/")
-        self.name = url
-        self.client = HttpClient(base_url + "/", timeout)
-        self.relpath = urllib.parse.unquote(quoted_relpath)
-        response = self.client.head(self.relpath)
-        self.size, self.etag = int(response.getheader("Content-Length")), response.getheader("ETag")
-        self.read_ahead = read_ahead
-        self._position = 0
-        self._buffer_start, self._buffer = 0, b""
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self._position
-
-    def seek(self, offset, whence=os.SEEK_SET):
-        position = offset + {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
-        if position < 0:
-            raise ValueError(f"cannot seek to {position}, before the start of {self.name}")
-        self._position = position
-        return position
-
-    def read(self, size=-1):
-        end = self.size if size is None or size < 0 else min(self._position + size, self.size)
-        if end <= self._position:
-            return b""
-        if not self._buffer_start <= self._position or end > self._buffer_start + len(self._buffer):
-            length = min(max(end - self._position, self.read_ahead), self.size - self._position)
-            self._buffer = self.client.get_range(self.relpath, self._position, length, self.etag)
-            self._buffer_start = self._position
-        data = self._buffer[self._position - self._buffer_start:end - self._buffer_start]
-        self._position = end
-        return data
-
-
 def member_of(archive, name):
     """How error messages name a member of an archive."""
     return f"member {name!r} of {archive}"
@@ -325,12 +113,12 @@ def labels_by_key(manifest):
 
 
 def rows_from_members(archive, sizes, labels, labels_from):
-    """Rows ``(member, label, bytes)`` of every sample member (a ``PAYLOAD_SUFFIXES`` name) in name order, given
+    """Rows ``(member, label, bytes)`` of every sample member (an ``IMAGE_FIELDS`` extension) in name order, given
     ``sizes`` (member → bytes) and ``labels`` (key → label); a sample without a label raises ``LookupError``."""
     rows = []
     for name, size in sorted(sizes.items()):
         key, extension = split_member(name)
-        if f".{extension.lower()}" not in PAYLOAD_SUFFIXES:
+        if extension.lower() not in IMAGE_FIELDS:
             continue
         if key not in labels:
             raise LookupError(f"{member_of(archive, name)} has no label: nothing for key {key!r} in {labels_from}")
@@ -487,3 +275,11 @@ class IndexedTarDataset(EncodedImageDataset):
 
     def describe(self, index):
         return member_of(self.tar_path, self.paths[index])
+
+
+class EncodedObjects(HttpDataset):
+    """One GET per sample like ``HttpDataset``, but items stay ``(encoded bytes, label)``: the network's share
+    of the work alone, to compare with shards streamed undecoded."""
+
+    def __getitem__(self, index):
+        return self.read_bytes(index), self.labels[index]

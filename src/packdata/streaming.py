@@ -16,49 +16,23 @@ a new shard order; the shuffle buffer then mixes samples from the shards a worke
 import operator
 import os
 import random
-import urllib.parse
 import warnings
-from collections import Counter
-from itertools import chain, islice, repeat
-from pathlib import Path
+from itertools import chain, islice
 
-import numpy as np
 import torch
-from braceexpand import braceexpand
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
-from .datasets import DECODERS, PAYLOAD_SUFFIXES, HttpClient, decode_image, is_url
-from .packing import split_member
-from .tario import TarFormatError, iter_buffer, scan_buffer, scan_plain
+from .images import IMAGE_FIELDS, check_decoder, decode_image
+from .layout import ShardError, expand_shards, group_samples, is_meta, raise_now
+from .plaingroup import plain_tuples
+from .shardread import count_shard_samples, read_shard
+from .tario import TarFormatError
+from .tarscan import iter_buffer
 
-IMAGE_EXTENSIONS = tuple(suffix[1:] for suffix in PAYLOAD_SUFFIXES)  # members decoded to image tensors
 ERROR_MODES = ("raise", "skip")
 
 
-class ShardError(ValueError):
-    """A shard holds something a sample stream cannot use: a duplicate key, a sample without a member it needs."""
-
-
 # --- which shards, in which order, for whom -------------------------------------------------------
-
-
-def expand_shards(shards):
-    """The shard list as strings: a brace pattern, a path or URL, or a list of those, each expanded as bash (and
-    webdataset) expand braces: ``"train-{000..009}.tar"`` gives ten names, ``"{train,val}.tar"`` two. A shard named
-    twice would be read twice per epoch, so it is an error."""
-    if isinstance(shards, (str, Path)):
-        shards = [shards]
-    expanded = [name for shard in shards for name in braceexpand(str(shard))]
-    if not expanded:
-        raise ValueError("the shard list is empty: give a brace pattern, a list of paths, or http:// URLs")
-    foreign = [name for name in expanded if "://" in name and not is_url(name)]
-    if foreign:
-        raise ValueError(f"cannot read {foreign[0]!r}: shards are local paths or http:// URLs; read https://, s3:// "
-                         "and other schemes through s3fs or a webdataset pipe: command")
-    repeated = [name for name, times in Counter(expanded).items() if times > 1]
-    if repeated:
-        raise ValueError(f"the shard list names {repeated[0]!r} more than once: its samples would come twice an epoch")
-    return expanded
 
 
 def shuffle_shards(shards, seed, epoch):
@@ -75,112 +49,6 @@ def split_shards(shards, rank, world_size, worker, num_workers):
 
 
 # --- reading ---------------------------------------------------------------------------------------
-
-_clients = {}  # one keep-alive client per server, per process (HttpClient reconnects after a fork)
-
-
-def read_shard(shard):
-    """All bytes of one shard: one read of a local file, or one GET of an ``http://`` URL."""
-    if not is_url(shard):
-        return Path(shard).read_bytes()
-    parts = urllib.parse.urlsplit(shard)
-    base = f"{parts.scheme}://{parts.netloc}/"
-    client = _clients.get(base) or _clients.setdefault(base, HttpClient(base))
-    return client.get(urllib.parse.unquote(parts.path.lstrip("/")))
-
-
-def is_meta(name):
-    """Members named ``__*__`` (like ``pack_tar``'s ``__manifest__``) describe the shard; they are no sample."""
-    return "/" not in name and name.startswith("__") and name.endswith("__")
-
-
-def group_samples(members, shard, report):
-    """Group consecutive ``(member name, bytes)`` of one shard into sample dicts ``{"__key__", "__url__", ext: bytes}``.
-
-    A key that comes back after another key, or a member name seen twice, is a ``ShardError`` passed to
-    ``report``: it raises, or (when skipping) that sample is left out.
-    """
-    seen, sample, keep = set(), None, False
-    for name, data in members:
-        if "/" in name:
-            key, extension = split_member(name)
-        else:
-            key, _, extension = name.partition(".")  # the same split, without the call, for the common case
-        if sample is None or key != sample["__key__"]:
-            if keep:
-                yield sample
-            sample, keep = {"__key__": key, "__url__": shard}, key not in seen
-            if not keep:
-                report(ShardError(f"{shard}: duplicate key {key!r}: its members are not next to each other, "
-                                  "or two samples share it"))
-            seen.add(key)
-        elif extension in sample and keep:
-            report(ShardError(f"{shard}: duplicate member {name!r}"))
-            keep = False
-        sample[extension] = data
-    if keep:
-        yield sample
-
-
-def plain_tuples(data, shard, keys):
-    """An iterator over the ``keys`` tuples of one shard's samples straight from the vectorised scan
-    (``tario.scan_plain``), or None when the shard needs the general path: another tar layout, folders or
-    ``__meta__`` members, keys of different lengths, samples whose members differ, a duplicate key or a missing
-    member (the general path reports those).
-
-    Each member is sliced out of ``data`` only when its sample is taken: a copy that the consumer drops at once
-    reuses the memory of the one before, where slicing a whole shard up front would ask the system for fresh
-    pages every shard (a page fault per 4 KiB, which on some virtual machines costs microseconds)."""
-    scanned = scan_plain(data, shard)
-    if scanned is None:
-        return None
-    names, starts, sizes = scanned
-    matrix = names.view(np.uint8).reshape(len(names), -1)  # one row of name bytes per member, NUL-padded
-    dots = (matrix == ord(".")).argmax(axis=1)
-    dot = int(dots[0])
-    if dot == 0 or (dots != dot).any() or ((matrix[:, 0] == ord("_")) & (matrix[:, 1] == ord("_"))).any():
-        return None
-    key_columns = np.ascontiguousarray(matrix[:, :dot])  # a NUL among them would end the name before its dot
-    if ((key_columns == ord("/")) | (key_columns == 0)).any():
-        return None
-    member_keys = key_columns.view(f"S{dot}").ravel()
-    firsts = np.flatnonzero(np.concatenate([[True], member_keys[1:] != member_keys[:-1]]))
-    width = len(member_keys) // len(firsts)  # members per sample, when every sample has the same ones
-    if width * len(firsts) != len(member_keys) or (firsts != np.arange(0, len(member_keys), width)).any():
-        return None
-    layout = [bytes(row).split(b"\x00", 1)[0] for row in matrix[:width, dot + 1:]]  # the first sample's extensions
-    extensions = matrix[:, dot + 1:dot + 2 + max(map(len, layout))]  # as far as the longest one's terminating NUL
-    if (extensions.reshape(len(firsts), width, -1) != extensions[:width]).any():
-        return None
-    layout = [extension.decode("utf-8", "surrogateescape") for extension in layout]
-    if any("/" in extension for extension in layout) or len(set(layout)) != width:
-        return None
-    if not set(keys) <= {"__key__", "__url__", *layout} or has_duplicates(key_columns[firsts]):
-        return None
-    columns = []
-    for key in keys:
-        if key == "__key__":
-            columns.append(name.decode("utf-8", "surrogateescape") for name in member_keys[firsts].tolist())
-        elif key == "__url__":
-            columns.append(repeat(shard, len(firsts)))
-        else:
-            position = layout.index(key)
-            begin = starts[position::width]
-            ends = begin + sizes[position::width]
-            columns.append(map(data.__getitem__, map(slice, begin.tolist(), ends.tolist())))
-    return zip(*columns)
-
-
-def has_duplicates(rows):
-    """True when two rows of the ``uint8`` matrix ``rows`` are equal. Rows of up to 8 bytes are compared as sorted
-    64-bit numbers, longer ones as a set of ``bytes``."""
-    count, width = rows.shape
-    if width > 8:
-        return len(set(rows.view(f"S{width}").ravel().tolist())) != count
-    padded = np.zeros((count, 8), np.uint8)
-    padded[:, :width] = rows
-    numbers = np.sort(padded.view("<u8").ravel())
-    return bool((numbers[1:] == numbers[:-1]).any())
 
 
 def read_tuples(shards, keys, report):
@@ -236,7 +104,7 @@ def shuffle_buffer(samples, size, rng):
 
 def decode_field(value, key, decoder="pil"):
     """A member's bytes as the training loop wants it: images as ``uint8`` CHW tensors, ``cls`` as an int."""
-    if key in IMAGE_EXTENSIONS:
+    if key in IMAGE_FIELDS:
         return decode_image(value, decoder)
     if key == "cls":
         return int(value)
@@ -246,7 +114,7 @@ def decode_field(value, key, decoder="pil"):
 def decode(items, keys, transform, decoder, report):
     """Decode each tuple field by its key; ``transform`` applies to the first image field. Items arrive as
     ``(shard, sample key, *fields)`` and leave as the decoded fields, so that a sample that cannot be decoded is named."""
-    image = next((index for index, key in enumerate(keys) if key in IMAGE_EXTENSIONS), None)
+    image = next((index for index, key in enumerate(keys) if key in IMAGE_FIELDS), None)
     for shard, sample_key, *item in items:
         try:
             fields = [decode_field(value, key, decoder) for value, key in zip(item, keys)]
@@ -266,12 +134,6 @@ def batched(items, batch_size, collate=default_collate):
 
 
 # --- counting, skipping, equalising ----------------------------------------------------------------
-
-
-def count_shard_samples(shard):
-    """The number of samples (distinct keys) in one shard, from its headers."""
-    data = read_shard(shard)
-    return len({split_member(name)[0] for name, _, _ in scan_buffer(data, shard) if not is_meta(name)})
 
 
 def equal_quotas(counts, target):
@@ -304,10 +166,6 @@ class Skips:
         more = len(self.reasons) - 3
         examples = "; ".join(self.reasons[:3]) + (f"; and {more} more" if more > 0 else "")
         return f"{self.where} skipped {self.shards} shard(s) and {self.samples} sample(s) this epoch: {examples}"
-
-
-def raise_now(error, shard=None):
-    raise error
 
 
 def distributed_rank():
@@ -350,11 +208,10 @@ class ShardDataset(IterableDataset):
         self.world_size = default_world_size if world_size is None else operator.index(world_size)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in 0..world_size-1, got rank {self.rank} of {self.world_size}")
-        if decoder not in DECODERS:
-            raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
-        if transform is not None and not (decode and any(key in IMAGE_EXTENSIONS for key in keys)):
+        check_decoder(decoder)
+        if transform is not None and not (decode and any(key in IMAGE_FIELDS for key in keys)):
             raise ValueError(f"transform applies to a decoded image, and keys={tuple(keys)} with decode={decode} "
-                             f"yields none: name an image key ({', '.join(IMAGE_EXTENSIONS)}) and keep decode=True")
+                             f"yields none: name an image key ({', '.join(IMAGE_FIELDS)}) and keep decode=True")
         if errors not in ERROR_MODES:
             raise ValueError(f"errors must be one of {ERROR_MODES}, got {errors!r}")
         if len(self.shards) < self.world_size:
@@ -452,4 +309,3 @@ class ShardDataset(IterableDataset):
         self.last_skips = skips
         if skips:
             warnings.warn(skips.summary(), stacklevel=2)
-

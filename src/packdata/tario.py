@@ -1,23 +1,18 @@
-"""Reading tar archives by hand: 512-byte headers, pax and GNU long-name extensions, and a member index.
+"""Tar bytes by hand: 512-byte headers, pax and GNU long-name extensions, read and written.
 
 A tar is a sequence of members, each a 512-byte header block followed by its data padded to whole
-blocks, and ends with a zero block. ``parse_header`` decodes one header; ``iter_members`` walks an
-archive (jumping over the data when the file can seek); ``build_index`` records where every member's
-data starts, so a reader can later fetch any one member with a single read.
+blocks, and ends with two zero blocks. ``parse_header`` decodes one header; ``iter_members`` walks an
+archive (jumping over the data when the file can seek); ``tar_member`` writes one member the way every
+writer of the course does, with every field that could vary fixed. ``tarindex`` builds a member index
+on ``iter_members``; ``tarscan`` reads a whole shard in memory with numpy.
 
     for header, data_offset in iter_members(open("train.tar", "rb")):
         print(header.name, header.size, data_offset)
 """
 
-import json
 import os
-import tempfile
-import warnings
-from contextlib import contextmanager
+import tarfile
 from dataclasses import dataclass, replace
-from pathlib import Path
-
-import numpy as np
 
 
 BLOCK = 512
@@ -29,40 +24,11 @@ GNU_LONG_TYPES = {"L": "name", "K": "linkname"}  # GNU long name or link name fo
 EXTENSION_TYPES = (*PAX_TYPES, *GNU_LONG_TYPES)
 GLOBAL_PAX_TYPE = "g"  # global extended header: read past, not applied
 PAX_FIELDS = {"path": ("name", str), "linkpath": ("linkname", str), "size": ("size", int), "mtime": ("mtime", float)}
-INDEX_SUFFIX = ".idx.json"
 READ_LIMIT = 1 << 24  # bytes per read from a stream: a corrupt size of 10**30 then reads to the end, not overflows
-INDEX_FORMAT = ("packdata-tar-index", 1)
-
-
-# --- writing files safely --------------------------------------------------------------------------
-
-
-@contextmanager
-def written_atomically(path):
-    """Yield a binary file that becomes ``path`` only when the block succeeds; otherwise nothing is left."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())  # on disk before the rename: after a crash the name never holds a partial file
-        os.chmod(temporary, 0o644)  # mkstemp makes it private; an archive should be readable like any file
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 class TarFormatError(ValueError):
     """The bytes are not a well-formed tar: a bad checksum, a truncated archive, a malformed extension."""
-
-
-class StaleIndexError(ValueError):
-    """A tar's index is missing or no longer describes the tar (its size or modification time changed)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +59,7 @@ class TarHeader:
         return self.typeflag in REGULAR_TYPES
 
 
-def _number(field):
+def number_field(field):
     """A numeric header field: octal digits ended by NUL or space, or GNU base-256 when the top bit is set."""
     if field[0] & 0x80:
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
@@ -101,7 +67,7 @@ def _number(field):
     return int(digits, 8) if digits else 0
 
 
-def _text(field):
+def text_field(field):
     return field.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
 
 
@@ -116,7 +82,7 @@ def parse_header(block, archive="<tar>", offset=0):
         return None
     computed = sum(block[:148]) + 8 * ord(" ") + sum(block[156:])  # the checksum field itself counts as spaces
     try:
-        stored = _number(block[148:156])
+        stored = number_field(block[148:156])
     except ValueError:
         stored = None
     if stored != computed:
@@ -124,20 +90,20 @@ def parse_header(block, archive="<tar>", offset=0):
             f"{archive}: bad header checksum at offset {offset} (stored {stored}, computed {computed}): "
             "not a tar archive, or corrupt at this point"
         )
-    prefix = _text(block[345:500]) if block[257:263] == USTAR_MAGIC else ""
-    name = _text(block[0:100])
+    prefix = text_field(block[345:500]) if block[257:263] == USTAR_MAGIC else ""
+    name = text_field(block[0:100])
     try:
         return TarHeader(
             name=f"{prefix}/{name}" if prefix else name,
-            size=_number(block[124:136]),
-            mode=_number(block[100:108]),
-            mtime=_number(block[136:148]),
+            size=number_field(block[124:136]),
+            mode=number_field(block[100:108]),
+            mtime=number_field(block[136:148]),
             typeflag=chr(block[156]),
-            linkname=_text(block[157:257]),
-            uid=_number(block[108:116]),
-            gid=_number(block[116:124]),
-            uname=_text(block[265:297]),
-            gname=_text(block[297:329]),
+            linkname=text_field(block[157:257]),
+            uid=number_field(block[108:116]),
+            gid=number_field(block[116:124]),
+            uname=text_field(block[265:297]),
+            gname=text_field(block[297:329]),
             offset=offset,
         )
     except ValueError as error:
@@ -162,10 +128,10 @@ def parse_pax(data, archive="<tar>", offset=0):
     return records
 
 
-def _overrides(header, data, archive):
+def pax_overrides(header, data, archive):
     """The fields an extension header (pax or GNU long name) sets on the member that follows it."""
     if header.typeflag in GNU_LONG_TYPES:
-        return {GNU_LONG_TYPES[header.typeflag]: _text(data)}
+        return {GNU_LONG_TYPES[header.typeflag]: text_field(data)}
     records, overrides = parse_pax(data, archive, header.offset), {}
     for key, (field, kind) in PAX_FIELDS.items():
         if key in records:
@@ -180,11 +146,11 @@ def _overrides(header, data, archive):
 # --- walking an archive ----------------------------------------------------------------------------
 
 
-def _truncated(archive, what, needed, left):
+def truncated_error(archive, what, needed, left):
     return TarFormatError(f"{archive} is truncated: {what} needs {needed} bytes, only {left} are left")
 
 
-def _negative_size(archive, member, size):
+def negative_size_error(archive, member, size):
     return TarFormatError(f"{archive}: {member} has a negative size ({size}): the header is corrupt")
 
 
@@ -193,7 +159,7 @@ def _read_exactly(fileobj, count, archive, what):
     while missing:  # a pipe or a socket may return less than asked for before its end
         chunk = fileobj.read(min(missing, READ_LIMIT))
         if not chunk:
-            raise _truncated(archive, what, count, count - missing)
+            raise truncated_error(archive, what, count, count - missing)
         chunks.append(chunk)
         missing -= len(chunk)
     return b"".join(chunks)
@@ -221,245 +187,32 @@ def iter_members(fileobj, name=None):
         header = replace(header, **overrides)
         member = f"member {header.name!r} at offset {header.offset}"
         if header.size < 0:  # it would send the walk back to a header it has read, and round forever
-            raise _negative_size(archive, member, header.size)
+            raise negative_size_error(archive, member, header.size)
         if seekable and header.data_offset + header.size > end:
-            raise _truncated(archive, member, header.size, max(end - header.data_offset, 0))
+            raise truncated_error(archive, member, header.size, max(end - header.data_offset, 0))
         is_meta = header.typeflag in EXTENSION_TYPES or header.typeflag == GLOBAL_PAX_TYPE
         data = _read_exactly(fileobj, header.size, archive, member) if is_meta or not seekable else None
         position = header.data_offset + header.size + -header.size % BLOCK
         if not seekable:
             _read_exactly(fileobj, -header.size % BLOCK, archive, f"the padding of {member}")
         if header.typeflag in EXTENSION_TYPES:
-            overrides = {**overrides, **_overrides(header, data, archive)}
+            overrides = {**overrides, **pax_overrides(header, data, archive)}
         elif not is_meta:
             overrides, previous = {}, header.name
             yield header, header.data_offset
 
 
-# --- the index -------------------------------------------------------------------------------------
+# --- writing --------------------------------------------------------------------------------------
 
 
-def index_members(fileobj, name=None):
-    """``{member name: (data offset, size)}`` of every regular file, in archive order. A name that appears twice
-    raises ``TarFormatError`` (an index can point at only one copy, and streaming refuses it too)."""
-    members = {}
-    for header, offset in iter_members(fileobj, name):
-        if header.is_file:
-            if header.name in members:
-                archive = name or getattr(fileobj, "name", "<tar>")
-                raise TarFormatError(f"{archive}: duplicate member {header.name!r}, at offsets "
-                                     f"{members[header.name][0] - BLOCK} and {header.offset}")
-            members[header.name] = (offset, header.size)
-    return members
+FIXED_MTIME = 1_577_836_800  # 2020-01-01 00:00:00 UTC, on every member of every archive
+END_OF_TAR = bytes(2 * tarfile.BLOCKSIZE)
 
 
-def index_path(tar_path):
-    """Where the index of ``tar_path`` lives: next to it, ``<tar>.idx.json``."""
-    tar_path = Path(tar_path)
-    return tar_path.with_name(tar_path.name + INDEX_SUFFIX)
-
-
-def build_index(tar_path):
-    """Scan ``tar_path``, store its index with the tar's size and mtime in ``<tar>.idx.json``; return the index.
-    In a folder this process may not write to (a read-only dataset mount), the index is only returned, with a
-    warning: every process that opens the tar scans it again."""
-    tar_path = Path(tar_path)
-    stat = tar_path.stat()  # before the scan: a tar rewritten meanwhile makes this index stale, not wrong
-    with tar_path.open("rb") as file:
-        members = index_members(file, str(tar_path))
-    format_name, version = INDEX_FORMAT
-    stored = {"format": format_name, "version": version, "tar_size": stat.st_size,
-              "tar_mtime_ns": stat.st_mtime_ns, "members": members}
-    try:
-        with written_atomically(index_path(tar_path)) as file:
-            file.write(json.dumps(stored).encode("utf-8"))
-    except PermissionError as error:
-        warnings.warn(f"cannot store the index of {tar_path} next to it ({error.strerror}): it is kept in memory, "
-                      "and every process that opens the tar scans it again", stacklevel=2)
-    return members
-
-
-def current_members(stored, tar_size, tar_mtime_ns=None):
-    """The members of a decoded index file when it describes a tar of this size (and mtime, unless None),
-    else None."""
-    if not isinstance(stored, dict) or (stored.get("format"), stored.get("version")) != INDEX_FORMAT:
-        return None
-    if stored.get("tar_size") != tar_size or tar_mtime_ns not in (None, stored.get("tar_mtime_ns")):
-        return None
-    return {name: tuple(span) for name, span in stored["members"].items()}
-
-
-def load_index(tar_path, rebuild=True):
-    """The index of ``tar_path`` from ``<tar>.idx.json``. When that is missing, unreadable or stale (the tar's
-    size or mtime changed), rebuild it, or with ``rebuild=False`` raise ``StaleIndexError``."""
-    tar_path, path = Path(tar_path), index_path(tar_path)
-    stat = tar_path.stat()
-    try:
-        stored = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        stored = None
-    except ValueError:  # not JSON
-        stored = {}
-    members = current_members(stored, stat.st_size, stat.st_mtime_ns)
-    if members is not None:
-        return members
-    if not rebuild:
-        state = "missing" if stored is None else "unreadable, or stale: the tar's size or mtime changed since"
-        raise StaleIndexError(f"the index of {tar_path} is {state}; rebuild it with build_index({str(tar_path)!r})")
-    return build_index(tar_path)
-
-
-# --- the fast path: a whole archive in memory ------------------------------------------------------
-
-_REGULAR_FLAGS = {ord(flag) for flag in REGULAR_TYPES}
-_PAX_FLAGS = {ord(flag) for flag in PAX_TYPES}
-_GLOBAL_PAX_FLAG = ord(GLOBAL_PAX_TYPE)
-_MAGIC_WORD = 256 // 8  # bytes 256-263 of a header, read as one little-endian 64-bit word, hold the magic at 257-262
-_MAGIC_MASK = np.uint64(0x00FFFFFFFFFFFF00)
-_MAGIC = np.uint64(int.from_bytes(b"\0" + USTAR_MAGIC + b"\0", "little"))
-# the place values of an 11-digit octal field, as floats: exact below 2**53, and BLAS multiplies them twice as fast
-_OCTAL_WEIGHTS = 8.0 ** np.arange(10, -1, -1)
-
-
-def _size_of(data, position, archive):
-    """The size field of the header at ``position``: plain octal digits fast, anything else the careful way."""
-    try:
-        return int(data[position + 124:position + 135], 8)  # 11 octal digits, as tarfile and GNU tar write it
-    except ValueError:
-        try:
-            return _number(data[position + 124:position + 136])  # base-256, or digits ended early by NUL or space
-        except ValueError:
-            parse_header(data[position:position + BLOCK], archive, position)  # a bad checksum says more than we can
-            raise TarFormatError(f"{archive}: unreadable size in the header at offset {position}") from None
-
-
-def _name_of(data, position):
-    end = data.find(b"\x00", position, position + 100)
-    name = data[position:end if end >= 0 else position + 100].decode("utf-8", "surrogateescape")
-    if data[position + 345] and data[position + 257:position + 263] == USTAR_MAGIC:
-        return f"{_text(data[position + 345:position + 500])}/{name}"
-    return name
-
-
-def _byte_sums(headers):
-    """The sum of each 512-byte row. Its two halves are added as 16-bit numbers (each at most 510); each row of those,
-    read as 64 words of four 16-bit lanes, sums without carries between lanes (64 * 510 < 2**16); the lanes add up."""
-    halves = np.add(headers[:, :BLOCK // 2], headers[:, BLOCK // 2:], dtype=np.uint16)
-    lanes = halves.view("<u8").sum(axis=1)
-    return sum((lanes >> np.uint64(shift)) & np.uint64(0xFFFF) for shift in (0, 16, 32, 48)).astype(np.int64)
-
-
-def _stored_checksums(headers):
-    """The checksum field of each row, and the sum of its bytes, when every row writes it as ``"%06o\\0 "`` (as
-    tarfile and GNU tar do); else None."""
-    field = headers[:, 148:156]
-    digits = field[:, :6] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
-    if (digits > 7).any() or field[:, 6].any() or (field[:, 7] != ord(" ")).any():
-        return None
-    stored = (digits @ _OCTAL_WEIGHTS[-6:]).astype(np.int64)
-    return stored, digits.sum(axis=1, dtype=np.int64) + 6 * ord("0") + ord(" ")
-
-
-def _bad_checksums(headers):
-    """Indices of the 512-byte rows of ``headers`` whose stored checksum differs from their byte sum."""
-    common = _stored_checksums(headers)
-    if common is not None:
-        stored, field_sums = common
-    else:
-        field = headers[:, 148:156].astype(np.int64)
-        field_sums, digits = field.sum(axis=1), field - ord("0")
-        is_digit = (digits >= 0) & (digits <= 7)  # octal digits; the NULs and spaces around them are skipped
-        weight = 3 * (is_digit[:, ::-1].cumsum(axis=1)[:, ::-1] - is_digit)  # 3 bits per octal digit to its right
-        stored = np.where(is_digit, digits << weight, 0).sum(axis=1)
-    computed = _byte_sums(headers) - field_sums + 8 * ord(" ")  # the field itself counts as spaces
-    return np.flatnonzero(stored != computed)
-
-
-def verify_checksums(data, positions, archive="<tar>"):
-    """Check the header checksums at ``positions`` (multiples of 512) of the tar in ``data`` all at once; a mismatch
-    raises ``TarFormatError`` naming the archive and the first bad header's offset."""
-    if not len(positions):
-        return
-    blocks = np.frombuffer(data, np.uint8, count=len(data) // BLOCK * BLOCK).reshape(-1, BLOCK)
-    bad = _bad_checksums(blocks[np.asarray(positions) // BLOCK])
-    if bad.size:
-        position = int(positions[bad[0]])
-        parse_header(data[position:position + BLOCK], archive, position)  # raises, with the stored and computed sums
-        raise TarFormatError(f"{archive}: bad header checksum at offset {position}")  # a field parse_header accepts
-
-
-def scan_plain(data, archive="<tar>"):
-    """The vectorised scan of the common layout, or None when ``data`` is not that layout (then ``scan_buffer``'s
-    member-by-member walk decides): POSIX ustar headers of regular files only, names of at most 100 bytes, 11-digit
-    octal sizes, a zero block after the last member. Returns ``(names as bytes, data offsets, sizes)``, numpy arrays.
-
-    Every block whose magic says "ustar" is a candidate header; the candidates must chain exactly (each member's
-    data ends where the next header starts), so a lookalike inside a member's data sends the shard the slow way.
-    """
-    if len(data) % BLOCK or len(data) < 2 * BLOCK:
-        return None
-    words = np.frombuffer(data, "<u8").reshape(-1, BLOCK // 8)
-    candidates = np.flatnonzero((words[:, _MAGIC_WORD] & _MAGIC_MASK) == _MAGIC)
-    if not candidates.size or candidates[0] != 0:
-        return None
-    blocks = np.frombuffer(data, np.uint8).reshape(-1, BLOCK)
-    headers = blocks.take(candidates, axis=0)
-    digits = headers[:, 124:135] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
-    flags = headers[:, 156]
-    if (digits > 7).any() or headers[:, 345].any() or not ((flags == 0) | (flags == ord("0"))).all():
-        return None  # base-256 sizes, a name prefix, links, folders, pax or GNU records: the general walk
-    sizes = (digits @ _OCTAL_WEIGHTS).astype(np.int64)
-    following = candidates + 1 + (sizes + BLOCK - 1) // BLOCK
-    if (following[:-1] != candidates[1:]).any() or following[-1] >= len(blocks) or blocks[following[-1]].any():
-        return None
-    bad = _bad_checksums(headers)
-    if bad.size:
-        verify_checksums(data, [int(candidates[bad[0]]) * BLOCK], archive)
-    return np.ascontiguousarray(headers[:, :100]).view("S100").ravel(), (candidates + 1) * BLOCK, sizes
-
-
-def scan_buffer(data, archive="<tar>"):
-    """``[(member name, data offset, size)]`` of every regular file of the tar held whole in ``data``, in order.
-
-    The fast path for streaming a shard that was read whole: ``scan_plain`` when the layout allows, else a walk
-    that decodes only the name, size and type of each header and applies pax (``x``) and GNU long-name records;
-    either way all checksums are verified in one vectorised pass. A member that runs past the end, or a missing
-    end-of-archive block, raises ``TarFormatError`` naming ``archive``.
-    """
-    plain = scan_plain(data, archive)
-    if plain is not None:
-        names, starts, sizes = (column.tolist() for column in plain)
-        return [(name.decode("utf-8", "surrogateescape"), *span) for name, *span in zip(names, starts, sizes)]
-    members, positions, overrides, position, end = [], [], {}, 0, len(data)
-    while True:
-        if position + BLOCK > end:
-            after = f"after member {members[-1][0]!r}" if members else "at its start"
-            raise _truncated(archive, f"the header at offset {position} ({after})", BLOCK, end - position)
-        if data[position] == 0 and data[position:position + BLOCK] == ZERO_BLOCK:
-            break
-        positions.append(position)
-        flag = data[position + 156]
-        size = overrides.get("size", None)
-        size = _size_of(data, position, archive) if size is None else size
-        start = position + BLOCK
-        if size < 0 or start + size > end:  # a negative size would send the walk backwards, and round forever
-            member = f"member {overrides.get('name') or _name_of(data, position)!r} at offset {position}"
-            verify_checksums(data, positions, archive)
-            raise _negative_size(archive, member, size) if size < 0 else _truncated(archive, member, size, end - start)
-        if flag in _REGULAR_FLAGS:
-            members.append((overrides.get("name") or _name_of(data, position), start, size))
-            overrides = {}
-        elif flag in _PAX_FLAGS or chr(flag) in GNU_LONG_TYPES:
-            header = TarHeader(_name_of(data, position), size, 0, 0, chr(flag), "", 0, 0, "", "", position)
-            overrides = {**overrides, **_overrides(header, data[start:start + size], archive)}
-        elif flag != _GLOBAL_PAX_FLAG:  # a folder, a link, a device: it used up the extension records
-            overrides = {}
-        position = start + size + -size % BLOCK
-    verify_checksums(data, positions, archive)
-    return members
-
-
-def iter_buffer(data, archive="<tar>"):
-    """Yield ``(member name, bytes)`` for every regular file of the tar held whole in ``data``, in archive order."""
-    for name, start, size in scan_buffer(data, archive):
-        yield name, data[start:start + size]
+def tar_member(name, data):
+    """One ustar member, header and padded data, with every field that could vary fixed."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, FIXED_MTIME
+    info.uid, info.gid, info.uname, info.gname = 0, 0, "", ""
+    padding = bytes(-len(data) % tarfile.BLOCKSIZE)
+    return info.tobuf(tarfile.USTAR_FORMAT) + data + padding

@@ -1,16 +1,12 @@
-"""One file handle per process, and an audit of what DataLoader workers really read.
-
-A dataset that opens its file (a ZIP, a tar, an HDF5 file, an LMDB environment) in ``__init__`` breaks
-with DataLoader workers. Under ``fork`` every worker inherits the parent's descriptor, so they share one
-file offset and their seeks and reads interleave. Under ``spawn`` and ``forkserver`` the dataset is
-pickled, and an open file cannot be. ``PerProcessHandle`` avoids both: it opens on first use in each
-process (keyed by process id), pickles as its opener alone, and closes its handle when the process exits.
-
-    self.zip = PerProcessHandle(functools.partial(zipfile.ZipFile, path))   # in __init__: nothing opened yet
-    self.zip.get().read(name)                                                # in __getitem__: this process's own
+"""An audit of what DataLoader workers really read: every sample's bytes checked against its manifest.
 
 ``audit_reads`` runs a DataLoader over a dataset's raw bytes and compares every sample with its manifest
-SHA-256, so errors and silently wrong bytes are both counted, sample by sample.
+SHA-256, so errors and silently wrong bytes are both counted, sample by sample, and with them the
+processes that read them and the file handles each opened (``perprocess.PerProcessHandle`` counts those).
+
+    dataset = ZipDataset("train.zip")
+    audit = audit_reads(dataset, expected_checksums(dataset, manifest), num_workers=2)
+    audit.correct, audit.errors, audit.wrong
 """
 
 import hashlib
@@ -19,50 +15,10 @@ import re
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from multiprocessing.util import Finalize
 
 from torch.utils.data import DataLoader, Dataset
 
-_opened = {}  # process id -> handles PerProcessHandle opened in it (a forked child does not count its parent's)
-
-
-def opened_in_this_process():
-    """How many handles ``PerProcessHandle`` has opened in the calling process."""
-    return _opened.get(os.getpid(), 0)
-
-
-class PerProcessHandle:
-    """``get()`` returns this process's handle, calling ``opener()`` on first use in each process.
-
-    ``opener`` must pickle (a module-level function or class, or a ``functools.partial`` of one, not a
-    lambda) for ``spawn`` and ``forkserver``; the handle needs a ``close()`` method.
-    """
-
-    def __init__(self, opener):
-        self.opener = opener
-        self._handle, self._pid, self._closer = None, None, None
-
-    def get(self):
-        """This process's handle, opened now if this process has none yet."""
-        pid = os.getpid()
-        if self._pid != pid:  # first use here, or a forked child holding its parent's handle: never use that one
-            self._handle, self._pid = self.opener(), pid
-            _opened[pid] = _opened.get(pid, 0) + 1
-            # multiprocessing runs this when the process exits (DataLoader workers included) or this object dies
-            self._closer = Finalize(self, self._handle.close, exitpriority=0)
-        return self._handle
-
-    def close(self):
-        """Close this process's handle, if it opened one; the next ``get()`` opens a fresh one."""
-        if self._pid == os.getpid():
-            self._closer()  # closes the handle and forgets the exit-time close
-        self._handle, self._pid, self._closer = None, None, None
-
-    def __getstate__(self):  # the recipe travels, the open file does not
-        return {"opener": self.opener, "_handle": None, "_pid": None, "_closer": None}
-
-
-# --- the audit ---------------------------------------------------------------------------------------
+from .perprocess import opened_in_this_process
 
 
 def expected_checksums(dataset, manifest):

@@ -38,7 +38,7 @@ OFFLINE_TRAITS = {
 }
 
 TEMPLATE = Path(__file__).with_name("templates") / "offline_reveal.html.j2"
-DEFAULT_NPM_PREFIX = Path(__file__).resolve().parents[2] / "build" / "npm"
+DEFAULT_NPM_PREFIX = Path(__file__).resolve().parents[3] / "build" / "npm"
 
 # A tag that makes the browser fetch something from another host.
 REMOTE_ASSET = re.compile(

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from . import data
+from .. import imagefolder
 
 
 class CheckFailed(AssertionError):
@@ -22,7 +22,7 @@ def passed(message):
 
 def check_count_per_class(count_per_class, root):
     """Lesson 0: counting images per class by walking the folders must agree with the manifest."""
-    manifest = data.load_manifest(root)
+    manifest = imagefolder.load_manifest(root)
     expected = Counter(manifest["classes"][s["label"]] for s in manifest["samples"])
     got = count_per_class(root)
     if not isinstance(got, Mapping):
@@ -75,7 +75,7 @@ def compare_with_reference(dataset, reference, source):
 
 def check_folder_dataset(dataset, root):
     """Lesson 1: a folder dataset must give the same (image, label) pairs as ``packdata``'s FolderDataset."""
-    from .datasets import FolderDataset
+    from ..datasets import FolderDataset
 
     compare_with_reference(dataset, FolderDataset(root), "the manifest")
     passed(f"{len(dataset)} samples; images and labels match the files and the manifest.")
@@ -84,7 +84,7 @@ def check_folder_dataset(dataset, root):
 def check_predict_epoch_seconds(predict_epoch_seconds):
     """Lesson 1: the cost model for one epoch, with ``bandwidth`` capped per connection as the emulated store does:
     requests × latency / workers + bytes / (workers × bandwidth)."""
-    from .costmodel import predict_time
+    from ..costmodel import predict_time
 
     cases = [(10_000, 2_000, 0.002, 100e6, 1), (10_000, 2_000, 0.002, 1e6, 8), (500, 4e6, 0.05, 50e6, 4)]
     mistakes = [  # (what a learner's formula that gives these numbers in every case left out, the formula)
@@ -111,7 +111,7 @@ def check_predict_epoch_seconds(predict_epoch_seconds):
 
 def check_workers_needed(workers_needed):
     """Lesson 1: the number of workers that reaches a target rate at a given latency."""
-    from .costmodel import workers_needed as reference
+    from ..costmodel import workers_needed as reference
 
     cases = [(1000, 0.005, 0.0002), (200, 0.002, 0.0), (3000, 0.01, 0.0003), (50, 0.001, 0.0), (500, 0.004, 0.0)]
     for target, latency, seconds_per_sample in cases:
@@ -142,7 +142,7 @@ def check_pack_zip(pack_zip, root):
     import zipfile
     from pathlib import Path
 
-    manifest = data.load_manifest(root)
+    manifest = imagefolder.load_manifest(root)
     with tempfile.TemporaryDirectory() as tmp:
         first, second = Path(tmp) / "first.zip", Path(tmp) / "second.zip"
         pack_zip(root, first)
@@ -176,7 +176,7 @@ def check_pack_zip(pack_zip, root):
 
 def check_zip_dataset(dataset, archive):
     """Lesson 2: a ZIP-backed dataset must give the same (image, label) pairs as ``packdata``'s ZipDataset."""
-    from .datasets import ZipDataset
+    from ..datasets import ZipDataset
 
     compare_with_reference(dataset, ZipDataset(archive), "the archive")
     passed(f"{len(dataset)} samples read through the ZIP's central directory match the reference.")
@@ -184,10 +184,10 @@ def check_zip_dataset(dataset, archive):
 
 def check_tar_index(tar_index, tar_path):
     """Lesson 2: ``tar_index(path)`` maps every member name to (data offset, size), read from the headers."""
-    from . import tario
+    from .. import tarindex
 
     with open(tar_path, "rb") as file:
-        expected = {name: tuple(place) for name, place in tario.index_members(file, str(tar_path)).items()}
+        expected = {name: tuple(place) for name, place in tarindex.index_members(file, str(tar_path)).items()}
     got = tar_index(tar_path)
     if not isinstance(got, dict):
         raise CheckFailed(f"tar_index should return a dict {{name: (offset, size)}}, got {type(got).__name__}.")
@@ -221,11 +221,11 @@ def check_upload_shards(upload_shards, root):
     URLs in order; streaming those URLs gives every sample of ``root`` exactly once."""
     import tempfile
 
-    from .shards import write_shards
-    from .store import DatasetClient, DatasetService, ServiceError
-    from .streaming import ShardDataset
+    from ..shardwrite import write_shards
+    from ..service import DatasetClient, DatasetService, ServiceError
+    from ..streaming import ShardDataset
 
-    keys = sorted(sample["key"] for sample in data.load_manifest(root)["samples"])
+    keys = sorted(sample["key"] for sample in imagefolder.load_manifest(root)["samples"])
     with tempfile.TemporaryDirectory() as local, tempfile.TemporaryDirectory() as served, \
             DatasetService(served) as service:
         written = write_shards(root, local, maxcount=max(1, len(keys) // 3), progress=False)
@@ -258,7 +258,7 @@ def check_samples_per_shard(samples_per_shard):
     """Lesson 5: samples per shard so that each GET reaches ``efficiency`` of the bandwidth, by the cost model."""
     import math
 
-    from .costmodel import size_for_efficiency
+    from ..costmodel import size_for_efficiency
 
     cases = [(0.002, 100e6, 2_100, 0.9), (0.02, 100e6, 2_100, 0.9), (0.05, 1e9, 110_000, 0.95), (1e-4, 500e6, 2_100, 0.5)]
     for latency, bandwidth, mean_bytes, efficiency in cases:
@@ -307,7 +307,7 @@ def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
 
     from torch.utils.data import DataLoader
 
-    from .streaming import ShardDataset
+    from ..streaming import ShardDataset
 
     keys = []
     for rank in range(world_size):
@@ -325,7 +325,8 @@ def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
 
 def _check_exactly_once(shards, what, **options):
     """2 ranks × 3 workers, two epochs: every sample exactly once per epoch, and the next epoch in another order."""
-    from .streaming import count_shard_samples, expand_shards
+    from ..layout import expand_shards
+    from ..shardread import count_shard_samples
 
     expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
     orders = [_stream_keys(shards, epoch=epoch, **options) for epoch in (0, 1)]
@@ -432,7 +433,7 @@ def _audit_or_explain(dataset, manifest, what, **loader_kwargs):
     passes through."""
     import warnings
 
-    from .handles import audit_reads, expected_checksums
+    from ..audit import audit_reads, expected_checksums
 
     try:
         with warnings.catch_warnings():
@@ -482,7 +483,7 @@ def check_per_process_handle(dataset_class, archive, manifest):
 
 def check_worker_init_fn(worker_init_fn, archive, manifest):
     """Lesson 3: ``worker_init_fn`` gives each forked worker's copy of a ``ZipDataset`` a ``ZipFile`` of its own."""
-    from .datasets import ZipDataset
+    from ..datasets import ZipDataset
 
     dataset = ZipDataset(archive)
     dataset.zip_file.close()  # a worker still reading through the main process's handle now fails at once

@@ -1,15 +1,4 @@
-"""An emulated network store: a real HTTP server on loopback that adds latency (and optionally a bandwidth cap).
-
-    with NetworkStore(root, latency=0.002) as store:
-        data = urllib.request.urlopen(store.url_for("circle/000000.jpg")).read()
-        print(store.requests, "requests x", store.latency, "s")
-
-Each request waits ``latency`` seconds on its own thread before answering, so parallel clients overlap
-their waits exactly as they would against a remote object store. ``latency`` and ``bandwidth`` may be
-changed while the store runs. A file is sent with an ``ETag`` that changes with its size or mtime
-(``file_etag``) and a ``Last-Modified``, so a client can tell a rewritten file from the one it knew.
-
-``DatasetService`` is the same kind of server with a small JSON API for datasets of files, which
+"""A dataset service: the same kind of server as ``netstore.NetworkStore`` with a small JSON API for datasets of files, which
 ``DatasetClient`` speaks (``packdata serve ROOT`` runs one from the command line)::
 
     with DatasetService(root, latency=0.002) as service:
@@ -35,305 +24,25 @@ that is renamed only once all the bytes its ``Content-Length`` declared have arr
 """
 
 import json
-import mimetypes
 import os
 import re
-import socket
-import sys
 import threading
 import time
 import urllib.parse
-import warnings
-from email.utils import formatdate
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from .tario import written_atomically
+from .atomic import written_atomically
+from .httpclient import HttpClient
+from .netstore import CHUNK, FileHandler, ServedFolder, bandwidth_delay
 
-CHUNK = 64 * 1024
-RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")  # one path component, never hidden, never "." or ".."
 MAX_UPLOAD = 1 << 30  # 1 GiB: the default largest upload a DatasetService accepts
-
-
-def resolve_inside(root, url_path):
-    """The path ``url_path`` names under ``root``, or None when it would escape ``root`` (``..``, symlinks)."""
-    relative = urllib.parse.unquote(url_path.split("?", 1)[0]).lstrip("/")
-    if "\x00" in relative:
-        return None
-    try:
-        candidate = (root / relative).resolve()
-    except (OSError, RuntimeError):  # a symlink loop, a name too long: nothing to serve
-        return None
-    return candidate if candidate.is_relative_to(root) else None
-
-
-def byte_range(header, size):
-    """``(start, end)`` inclusive for a ``Range`` header; None to send everything; ValueError if unsatisfiable."""
-    match = RANGE.fullmatch(header.strip()) if header else None
-    if match is None or match.groups() == ("", ""):
-        return None  # absent, multi-range or malformed: RFC 9110 lets a server ignore it
-    first, last = match.groups()
-    if not first:  # suffix range "-n": the last n bytes
-        if int(last) == 0 or size == 0:
-            raise ValueError
-        return max(size - int(last), 0), size - 1
-    start, end = int(first), int(last) if last else size - 1
-    if last and end < start:
-        return None  # malformed, ignored like the rest
-    if start >= size:
-        raise ValueError
-    return start, min(end, size - 1)
 
 
 def is_valid_name(name):
     """True for a dataset or file name the service accepts: one safe path component (see the module docstring)."""
     return isinstance(name, str) and NAME.fullmatch(name) is not None
-
-
-def bandwidth_delay(started, done, bandwidth):
-    """Seconds until ``done`` bytes may have passed since ``started`` at ``bandwidth`` bytes/s (None: no cap)."""
-    return max(0.0, started + done / bandwidth - time.perf_counter()) if bandwidth else 0.0
-
-
-def file_etag(size, mtime_ns):
-    """The ``ETag`` the servers send for a file of ``size`` bytes last modified at ``mtime_ns``: a new version of
-    the file, even one of the same size, gets another."""
-    return f'"{size:x}-{mtime_ns:x}"'
-
-
-def matches(if_match, etag):
-    """Whether a request's ``If-Match`` header (None when absent) lets a file with ``etag`` be served."""
-    return if_match is None or any(tag.strip() in ("*", etag) for tag in if_match.split(","))
-
-
-# --- what both servers share: files with Range and pacing, refusals, a loopback server thread ------
-
-
-class _FileHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive for clients that want it
-    disable_nagle_algorithm = True  # headers and body go out as separate writes; don't let the body wait for an ACK
-    timeout = 30  # close keep-alive connections idle this long (seconds), so stopped clients free their threads
-
-    def send_file(self, path, send_body):
-        """Answer with the file at ``path`` (which exists): all of it, or the part a ``Range`` header asks for.
-        Headers and body describe the one version opened, even when an upload replaces the file meanwhile."""
-        with path.open("rb") as file:
-            stat = os.fstat(file.fileno())
-            size, etag = stat.st_size, file_etag(stat.st_size, stat.st_mtime_ns)
-            if not matches(self.headers.get("If-Match"), etag):
-                return self.refuse(HTTPStatus.PRECONDITION_FAILED, f"changed: {self.path} is no longer the version "
-                                   f"asked for ({self.headers['If-Match']}); it is now {etag}", {"ETag": etag})
-            try:
-                span = byte_range(self.headers.get("Range"), size)
-            except ValueError:
-                return self.refuse(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, f"range not satisfiable: {self.path}",
-                                   {"Content-Range": f"bytes */{size}"})
-            start, end = span or (0, size - 1)
-            self.send_response(HTTPStatus.PARTIAL_CONTENT if span else HTTPStatus.OK)
-            if span:
-                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.send_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
-            self.send_header("Content-Length", str(end - start + 1))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("ETag", etag)
-            self.send_header("Last-Modified", formatdate(stat.st_mtime, usegmt=True))
-            self.end_headers()
-            if send_body:
-                file.seek(start)
-                self.send_paced(file, end - start + 1)
-
-    def send_paced(self, file, length):
-        """Write ``length`` bytes of ``file``; with a bandwidth cap set, no byte leaves before its time."""
-        served = self.server.served
-        started, sent = time.perf_counter(), 0
-        while sent < length:
-            chunk = file.read(min(CHUNK, length - sent))
-            if not chunk:
-                break
-            self.pause(bandwidth_delay(started, sent + len(chunk), served.bandwidth))
-            # Counted before the write: a client that has read the last byte must already see it counted.
-            served.count(bytes_served=len(chunk))
-            self.wfile.write(chunk)
-            sent += len(chunk)
-
-    def pause(self, seconds):
-        """Sleep ``seconds`` (emulated latency or pacing); when the server stops meanwhile, wake and hang up."""
-        if self.server.stopping.wait(seconds):
-            raise ConnectionAbortedError("the server stopped")
-
-    def error_body(self, message):
-        """``(content type, bytes)`` of an error answer."""
-        return "text/plain; charset=utf-8", message.encode()
-
-    def refuse(self, status, message, headers=None):
-        content_type, body = self.error_body(message)
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, format, *args):
-        if self.server.served.verbose:
-            super().log_message(format, *args)
-
-
-class _Server(ThreadingHTTPServer):
-    """One thread per connection (a daemon: one stuck past ``stop``'s wait cannot keep Python from exiting)."""
-
-    request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops connections
-
-    def __init__(self, served, handler, host, port):
-        super().__init__((host, port), handler)
-        self.served = served
-        self.stopping = threading.Event()  # wakes handlers sleeping on latency or pacing
-        self.connections = set()  # each one has a handler thread until shutdown_request
-        self.connections_changed = threading.Condition()
-
-    def process_request(self, request, client_address):
-        with self.connections_changed:
-            self.connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request):
-        super().shutdown_request(request)
-        with self.connections_changed:
-            self.connections.discard(request)
-            self.connections_changed.notify_all()
-
-    def close_connections(self, timeout):
-        """Hang up on every client, idle keep-alive ones included, and wait up to ``timeout`` s for their handler
-        threads to end; True when they all did."""
-        self.stopping.set()
-        with self.connections_changed:
-            for connection in self.connections:
-                try:
-                    connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass  # already gone
-            return self.connections_changed.wait_for(lambda: not self.connections, timeout)
-
-    def handle_error(self, request, client_address):
-        if self.served.verbose or not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)  # a client hanging up is normal; anything else is not
-
-
-class _Served:
-    """A folder served from a background thread, with ``latency``, ``bandwidth`` and request counters."""
-
-    handler = None  # the request handler class
-
-    def __init__(self, root, latency, bandwidth, verbose, host="127.0.0.1", port=0):
-        self.root = Path(root).resolve()
-        if not self.root.is_dir():
-            raise NotADirectoryError(f"nothing to serve: {self.root} is not a folder")
-        self.latency = latency
-        self.bandwidth = bandwidth
-        self.verbose = verbose
-        self.host, self.port = host, port
-        self.requests = 0
-        self.bytes_served = 0
-        self._lock = threading.Lock()
-        self._server = None
-        self._thread = None
-
-    @property
-    def url(self):
-        """The base URL, e.g. ``http://127.0.0.1:PORT/``."""
-        if self._server is None:
-            raise RuntimeError(f"the {type(self).__name__} is not running; use it in a 'with' block or call start()")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/"
-
-    def count(self, requests=0, bytes_served=0):
-        """Add to the counters (thread-safe)."""
-        with self._lock:
-            self.requests += requests
-            self.bytes_served += bytes_served
-
-    def reset_counters(self):
-        """Set ``requests`` and ``bytes_served`` back to zero, e.g. between two measurements."""
-        with self._lock:
-            self.requests = self.bytes_served = 0
-
-    def start(self):
-        """Start serving (on an OS-chosen port unless one was given); returns self."""
-        if self._server is not None:
-            return self
-        self._server = _Server(self, self.handler, self.host, self.port)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=type(self).__name__, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout=5.0):
-        """Stop serving, hang up on every client, wait up to ``timeout`` s for requests in progress to end (a
-        request sleeping on ``latency`` or ``bandwidth`` ends at once), and free the port."""
-        if self._server is None:
-            return
-        self._server.shutdown()
-        if not self._server.close_connections(timeout):
-            warnings.warn(f"{type(self).__name__}: requests still running {timeout} s after stop()", RuntimeWarning)
-        self._server.server_close()
-        self._thread.join()
-        self._server = self._thread = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc_info):
-        self.stop()
-
-    def __repr__(self):
-        where = self.url if self._server else "stopped"
-        return (f"{type(self).__name__}({str(self.root)!r}, latency={self.latency}, bandwidth={self.bandwidth}) at "
-                f"{where}: {self.requests} requests, {self.bytes_served} bytes served")
-
-
-# --- lesson 1: a folder behind a slow network -------------------------------------------------------
-
-
-class _Handler(_FileHandler):
-    def do_GET(self):
-        self.answer(send_body=True)
-
-    def do_HEAD(self):
-        self.answer(send_body=False)
-
-    def answer(self, send_body):
-        store = self.server.served
-        store.count(requests=1)
-        self.pause(store.latency)
-        path = resolve_inside(store.root, self.path)
-        if path is None:
-            return self.refuse(HTTPStatus.FORBIDDEN, f"refused: {self.path} names nothing inside the served folder")
-        if not path.is_file():
-            return self.refuse(HTTPStatus.NOT_FOUND, f"not found: {self.path}")
-        self.send_file(path, send_body)
-
-
-class NetworkStore(_Served):
-    """Serve ``root`` over HTTP on 127.0.0.1 from a background thread, with per-request ``latency`` (s) and an
-    optional ``bandwidth`` cap (bytes/s) per connection: each response is paced on its own, so parallel
-    downloads do not share the cap, and N at once move up to N × ``bandwidth``. Counts ``requests`` and
-    ``bytes_served``."""
-
-    handler = _Handler
-
-    def __init__(self, root, latency=0.002, bandwidth=None, verbose=False):
-        super().__init__(root, latency, bandwidth, verbose)
-
-    def url_for(self, relpath):
-        """The URL of the file at ``relpath`` (relative to the served root)."""
-        return self.url + urllib.parse.quote(Path(relpath).as_posix())
-
-
-# --- lesson 5: a dataset service with a JSON API ----------------------------------------------------
 
 
 class _Refused(Exception):
@@ -344,7 +53,7 @@ class _Refused(Exception):
         self.status, self.message, self.close = status, message, close
 
 
-class _ServiceHandler(_FileHandler):
+class _ServiceHandler(FileHandler):
     def do_GET(self):
         self.dispatch(self.get, send_body=True)
 
@@ -495,7 +204,7 @@ def list_files(folder):
             if is_valid_name(entry.name) and entry.is_file()]
 
 
-class DatasetService(_Served):
+class DatasetService(ServedFolder):
     """A dataset store: datasets of files under ``root``, served with the JSON API of the module docstring.
 
     Binds to ``host`` (loopback unless told otherwise) on ``port`` (0: the OS picks one); waits ``latency`` s per
@@ -514,9 +223,6 @@ class DatasetService(_Served):
         return DatasetClient(self.url).url_for(dataset, file)
 
 
-# --- the client ----------------------------------------------------------------------------------
-
-
 class ServiceError(OSError):
     """The service refused a request; ``status`` is the HTTP status, the message the service's reason."""
 
@@ -530,8 +236,6 @@ class DatasetClient:
     ``download(...)``, ``url_for(...)``. Keeps one connection per thread; pickles for worker processes."""
 
     def __init__(self, url, timeout=60.0):
-        from .datasets import HttpClient  # its keep-alive connections per process and thread
-
         self.http = HttpClient(url, timeout)
         self.url = self.http.base_url
 

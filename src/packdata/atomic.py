@@ -1,0 +1,64 @@
+"""Files and folders that appear under their name only once they are complete.
+
+A crash, an error or a Ctrl-C part-way leaves the old file (or folder) as it was and no partial one
+beside it: the new content is written under a hidden temporary name in the same folder, then renamed
+over the target, which POSIX makes atomic within one filesystem.
+
+    with written_atomically("train.tar") as file:     # a binary file
+        file.write(data)
+    with replaced_folder("data/shapes") as staging:   # an empty folder that becomes data/shapes
+        (staging / "a.jpg").write_bytes(jpeg)
+"""
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def written_atomically(path):
+    """Yield a binary file that becomes ``path`` only when the block succeeds; otherwise nothing is left."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())  # on disk before the rename: after a crash the name never holds a partial file
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; an archive should be readable like any file
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+@contextmanager
+def replaced_folder(target):
+    """Yield an empty sibling of ``target`` that replaces it (a folder, or nothing yet) only if the block
+    succeeds. The caller decides beforehand whether ``target`` may be replaced."""
+    target = Path(os.path.abspath(target))  # so that "." or "x/.." have a real name and parent
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a folder")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    except PermissionError as err:
+        raise PermissionError(f"cannot write to {target}: {err.strerror}") from err
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; a dataset should be readable like any folder
+        yield staging
+        if target.exists():
+            retired = staging.with_name(staging.name + "-old")
+            target.rename(retired)
+            staging.rename(target)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,79 @@
+"""Bring your own images: export an ``ImageFolder`` tree or a torchvision dataset into the course layout.
+
+    export_image_folder("~/photos", "data/photos")           # photos/<class>/<image>, any format PIL reads
+    export_torchvision(CIFAR10(root, download=False), "data/cifar10")
+
+The result is a dataset folder like the synthetic one (``imagefolder``): JPEGs under class folders and a
+manifest with every sample's SHA-256, so every lesson and tool of the course reads it.
+"""
+
+import io
+import os
+from pathlib import Path
+
+from PIL import Image
+
+from .imagefolder import write_dataset
+from .images import encode_jpeg
+from .samples import DatasetSamples
+
+
+def _folder_names(classes):
+    """Class names as folder names whose sorted order is label order (as ``ImageFolder`` expects)."""
+    names = [str(name) for name in classes]
+    for name in names:
+        if name in ("", ".", "..") or "/" in name or os.sep in name:
+            raise ValueError(f"class name {name!r} cannot be a folder name")
+    if names == sorted(set(names)):
+        return names
+    width = len(str(len(names) - 1))
+    return [f"{label:0{width}d}-{name}" for label, name in enumerate(names)]
+
+
+def _jpeg_bytes(path):
+    """The file's bytes if it is a JPEG already, else the image re-encoded as one."""
+    data = path.read_bytes()
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return data if image.format == "JPEG" else encode_jpeg(image.convert("RGB"))
+    except OSError as err:  # unidentified or truncated
+        raise ValueError(f"{path} is not an image that PIL can read: {err}") from err
+
+
+def export_image_folder(source, target, progress=True):
+    """Copy an ``ImageFolder``-style tree (``source/<class>/<image>``) into the course layout."""
+    source = Path(source)
+    if not source.is_dir():
+        raise FileNotFoundError(f"no folder at {source}")
+    readable = {extension for extension, kind in Image.registered_extensions().items() if kind in Image.OPEN}
+    classes = sorted(entry.name for entry in source.iterdir() if entry.is_dir())
+    files = [
+        (label, path)
+        for label, name in enumerate(classes)
+        for path in sorted((source / name).rglob("*"))
+        if path.suffix.lower() in readable and path.is_file()
+    ]
+    if not files:
+        raise ValueError(f"{source} has no images in class folders (expected {source}/<class>/<image>)")
+    samples = ((label, _jpeg_bytes(path)) for label, path in files)
+    return write_dataset(target, classes, samples, len(files), progress, "image-folder")
+
+
+def export_torchvision(dataset, target, classes=None, progress=True):
+    """Write a map-style dataset of ``(image, label)`` pairs into the course layout; key = index.
+
+    Class names come from ``classes``, else ``dataset.classes``, else ``dataset.num_classes``.
+    """
+    if classes is None:
+        classes = getattr(dataset, "classes", None)
+    if classes is None and hasattr(dataset, "num_classes"):
+        width = len(str(dataset.num_classes - 1))
+        classes = [f"{label:0{width}d}" for label in range(dataset.num_classes)]
+    if classes is None:
+        raise ValueError(f"{type(dataset).__name__} has no .classes or .num_classes: pass classes=[...]")
+    folders = _folder_names(classes)
+
+    samples = DatasetSamples(dataset, num_classes=len(folders))
+    pairs = (samples(index)[1:] for index in range(len(samples)))
+    source = f"torchvision:{type(dataset).__name__}"
+    return write_dataset(target, folders, pairs, len(samples), progress, source)

@@ -1,0 +1,100 @@
+"""Images in and out of bytes: JPEG encoding, decoding with PIL or torchvision, raw ``.npy`` pixels.
+
+Every reader of the course (folders, archives, shards, over HTTP or not) hands a sample's bytes to the same
+``decode_image``, so formats differ only in how the bytes arrive, never in how they decode. Every writer
+stores what ``encode_payload`` makes of a source JPEG: the JPEG itself, a resized re-encoding, or the
+decoded pixels (``payload="raw"``).
+"""
+
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+
+JPEG_QUALITY = 90
+DECODERS = ("pil", "torchvision")
+ENCODED_IMAGES = ("jpg", "jpeg", "png")  # extensions of encoded images, which both decoders read
+IMAGE_FIELDS = (*ENCODED_IMAGES, "npy")  # extensions of members that decode to an image tensor
+NPY_MAGIC = b"\x93NUMPY"
+PAYLOADS = {"jpeg": ".jpg", "raw": ".npy"}
+RESIZE_FILTER = Image.Resampling.BICUBIC
+
+
+def check_decoder(decoder):
+    """Refuse a decoder name that is not one of ``DECODERS``."""
+    if decoder not in DECODERS:
+        raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
+
+
+# --- encoding ----------------------------------------------------------------------------------------
+
+
+def encode_jpeg(image):
+    """A PIL image as JPEG bytes, at the course's quality."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    return buffer.getvalue()
+
+
+def as_pil(image, index):
+    """A PIL image or a uint8 CHW tensor/array as an RGB PIL image."""
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    array = np.asarray(image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[0] not in (1, 3):
+        raise ValueError(
+            f"sample {index}: expected a PIL image or a uint8 CHW tensor, "
+            f"got {type(image).__name__} of shape {array.shape} and dtype {array.dtype}"
+        )
+    return Image.fromarray(np.repeat(array, 3 // array.shape[0], axis=0).transpose(1, 2, 0))
+
+
+def checked_suffix(payload, resize):
+    """The member suffix of ``payload``; refuses unknown payloads and sizes that are not positive ints."""
+    if payload not in PAYLOADS:
+        raise ValueError(f"unknown payload {payload!r}; choose one of {tuple(PAYLOADS)}")
+    if resize is not None and (not isinstance(resize, int) or isinstance(resize, bool) or resize < 1):
+        raise ValueError(f"resize must be None or a positive number of pixels, got {resize!r}")
+    return PAYLOADS[payload]
+
+
+def encode_payload(jpeg, payload="jpeg", resize=None):
+    """The bytes to store for one source JPEG: the JPEG itself; or, resized to ``resize``×``resize``, re-encoded
+    at the dataset's JPEG quality; or (``payload="raw"``) the decoded ``uint8`` HWC array as ``.npy`` bytes."""
+    if payload == "jpeg" and resize is None:
+        return jpeg
+    with Image.open(io.BytesIO(jpeg)) as image:
+        image = image.convert("RGB")
+    if resize is not None:
+        image = image.resize((resize, resize), RESIZE_FILTER)
+    if payload == "jpeg":
+        return encode_jpeg(image)
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(image))
+    return buffer.getvalue()
+
+
+# --- decoding ----------------------------------------------------------------------------------------
+
+
+def decode_image(data, decoder="pil"):
+    """Decode JPEG bytes into an RGB ``uint8`` tensor of shape (3, H, W); ``.npy`` bytes (a ``uint8`` HWC
+    array saved by numpy, what ``packing`` stores for ``payload="raw"``) need no decoder and ignore it."""
+    check_decoder(decoder)
+    if data[:len(NPY_MAGIC)] == NPY_MAGIC:
+        return decode_array(data)
+    if decoder == "pil":
+        with Image.open(io.BytesIO(data)) as image:
+            return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).contiguous()
+    from torchvision import io as tvio  # on first use: importing torchvision slows worker start
+
+    return tvio.decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tvio.ImageReadMode.RGB)
+
+
+def decode_array(data):
+    """A ``uint8`` (H, W, 3) array in ``.npy`` bytes as a (3, H, W) tensor."""
+    array = np.load(io.BytesIO(data), allow_pickle=False)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise ValueError(f"expected a uint8 array of shape (H, W, 3), got {array.dtype} of shape {array.shape}")
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
