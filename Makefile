@@ -18,7 +18,7 @@ QUIET_PIP := { grep -v "^WARNING: Location 'file:" || true; }
 LESSON_DIRS := notebooks solutions exercises
 SOURCES = $(wildcard $(addsuffix /[0-9][0-9]_*.md,$(LESSON_DIRS)))
 
-.PHONY: help setup lab test data notebooks exercises exercises-check slides schedule bench bench-quick clean clean-data
+.PHONY: help setup lab test check-install lint hooks data notebooks exercises exercises-check slides schedule bench bench-quick clean clean-data
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
@@ -62,8 +62,17 @@ lab: setup data notebooks  ## set everything up and open JupyterLab on the cours
 		--ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_welcome.md
 
 test: export PACKDATA_SIZE := small
-test: setup data notebooks exercises-check  ## set everything up and run every test (unit tests and notebooks)
-	@$(BIN)/python -m pytest -p no:cacheprovider tests $(LESSON_DIRS) --nbval-lax
+test: setup data notebooks exercises-check check-install lint  ## set everything up and run every test (unit tests and notebooks)
+	@$(BIN)/python -m pytest -p no:cacheprovider tests $(LESSON_DIRS) --nbval-lax --ignore=tests/install
+
+check-install: setup  ## the pins agree in requirements.txt, environment.yml and .venv; `pip install .` works
+	@$(BIN)/python -m pytest -p no:cacheprovider -q tests/install
+
+lint: setup  ## ruff: lint and format check of the package, tests, benchmark and scripts
+	@$(BIN)/ruff check --quiet . && $(BIN)/ruff format --check --quiet . && echo "ruff: clean"
+
+hooks: setup  ## install the pre-commit hooks (ruff, jupytext sync) into this clone's .git
+	@$(BIN)/pre-commit install
 
 bench: setup data  ## every loader on the same data, side by side: build/bench/report.md (about 5 minutes)
 	@$(BIN)/python benchmarks/report.py
