@@ -1,26 +1,29 @@
 """make bench: every loader of the course on the same data, side by side, in one run.
 
-    python benchmarks/report.py            # workshop dataset (10,000 images), about 5 minutes on 2 cores
-    python benchmarks/report.py --small    # the 500-image dataset and fewer repeats: a quick check
+    python benchmarks/report.py            # workshop dataset (10,000 images), about 5 minutes on 2
+    cores python benchmarks/report.py --small    # the 500-image dataset and fewer repeats: a quick
+    check
 
 Measures, each several times (median and min–max spread):
 
-- the limits: reading the shard files whole (the bytes limit), and also cutting them into samples at offsets
-  known in advance (the most a reader that hands out ``bytes`` can reach); JPEG decoding alone on one core and
-  split over two plain processes, timed once both have started (the most that two DataLoader workers could
-  gain); what touching fresh memory costs;
-- reading raw bytes without decoding: folder, ZIP, indexed tar, tarfile, webdataset 1.0.2, our shard reader;
+- the limits: reading the shard files whole (the bytes limit), and also cutting them into samples at
+  offsets known in advance (the most a reader that hands out ``bytes`` can reach); JPEG decoding
+  alone on one core and split over two plain processes, timed once both have started (the most that
+  two DataLoader workers could gain); what touching fresh memory costs;
+- reading raw bytes without decoding: folder, ZIP, indexed tar, tarfile, webdataset 1.0.2, our shard
+  reader;
 - the decoded loaders with 0, 1 and 2 DataLoader workers, warm and cold page cache: folder, ZIP (the
-  worker-safe one), indexed tar, our shard stream, webdataset. Set up as a training job would be: batches of
-  256, workers that stay across epochs (``persistent_workers=True``) and hand batches over by shared-memory
-  file name (``set_sharing_strategy("file_system")`` in each worker), timed after one untimed epoch; the three
-  worker counts of a loader take turns, epoch by epoch, so that a slow spell on the machine hits all three.
-  Our stream is also measured with batches of 64, and with torch's default hand-over (file descriptors);
+  worker-safe one), indexed tar, our shard stream, webdataset. Set up as a training job would be:
+  batches of 256, workers that stay across epochs (``persistent_workers=True``) and hand batches
+  over by shared-memory file name (``set_sharing_strategy("file_system")`` in each worker), timed
+  after one untimed epoch; the three worker counts of a loader take turns, epoch by epoch, so that a
+  slow spell on the machine hits all three. Our stream is also measured with batches of 64, and with
+  torch's default hand-over (file descriptors);
 - per-file against sharded reads through the emulated network store at 2 ms per request, 4 workers.
 
-Writes ``build/bench/report.md``, ``build/bench/results.json`` and plots next to them, prints the key
-ratios, and exits with status 1 when a target the course promises is missed (judged on the workshop
-dataset only: with 500 images, starting worker processes dominates every figure).
+Writes ``build/bench/report.md``, ``build/bench/results.json`` and plots next to them, prints the
+key ratios, and exits with status 1 when a target the course promises is missed (judged on the
+workshop dataset only: with 500 images, starting worker processes dominates every figure).
 """
 
 import argparse
@@ -39,18 +42,22 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import webdataset as wds  # noqa: E402
 import torch  # noqa: E402
+import webdataset as wds  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packdata import disks, imagefolder, packing, synthetic, system  # noqa: E402
 from packdata.bench import benchmark, count_samples  # noqa: E402
-from packdata.datasets import FolderDataset, IndexedTarDataset, WorkerSafeZipDataset
+from packdata.datasets import (
+    EncodedObjects,  # noqa: E402
+    FolderDataset,
+    IndexedTarDataset,
+    WorkerSafeZipDataset,
+)
 from packdata.images import decode_image  # noqa: E402
-from packdata.datasets import EncodedObjects  # noqa: E402
-from packdata.shardwrite import write_shards  # noqa: E402
 from packdata.netstore import NetworkStore  # noqa: E402
 from packdata.shardread import read_shard
+from packdata.shardwrite import write_shards  # noqa: E402
 from packdata.streaming import ShardDataset  # noqa: E402
 from packdata.tarscan import scan_plain  # noqa: E402
 
@@ -59,28 +66,63 @@ BATCH, SMALL_BATCH, BUFFER, SHARDS = 256, 64, 1000, 10
 WORKERS = (0, 1, 2)
 NETWORK_LATENCY, NETWORK_WORKERS = 0.002, 4
 
-# (what, numerator, denominator, at least, format): the promises the course makes, checked on every run
+# (what, numerator, denominator, at least, format): the promises the course makes, checked on every
+# run
 TARGETS = [
     ("our reader / webdataset, no decode", "raw/ours", "raw/webdataset", 10.0, "{:.1f}×"),
-    ("our reader / bytes limit, no decode", "raw/ours", "limit/shard files read whole", 0.30, "{:.0%}"),
-    ("our stream decoded, 2 workers / 0 workers", "warm/our stream, 2 workers", "warm/our stream, 0 workers",
-     1.7, "{:.2f}×"),
-    ("our stream / webdataset, decoded, 2 workers", "warm/our stream, 2 workers", "warm/webdataset, 2 workers",
-     1.0, "{:.2f}×"),
-    (f"shards / per-file at {NETWORK_LATENCY * 1e3:g} ms, {NETWORK_WORKERS} workers", "network/shards",
-     "network/per-file", 20.0, "{:.0f}×"),
+    (
+        "our reader / bytes limit, no decode",
+        "raw/ours",
+        "limit/shard files read whole",
+        0.30,
+        "{:.0%}",
+    ),
+    (
+        "our stream decoded, 2 workers / 0 workers",
+        "warm/our stream, 2 workers",
+        "warm/our stream, 0 workers",
+        1.7,
+        "{:.2f}×",
+    ),
+    (
+        "our stream / webdataset, decoded, 2 workers",
+        "warm/our stream, 2 workers",
+        "warm/webdataset, 2 workers",
+        1.0,
+        "{:.2f}×",
+    ),
+    (
+        f"shards / per-file at {NETWORK_LATENCY * 1e3:g} ms, {NETWORK_WORKERS} workers",
+        "network/shards",
+        "network/per-file",
+        20.0,
+        "{:.0f}×",
+    ),
 ]
-# (what, numerator, denominator, format, meaning): ceilings measured in the same run, to read the targets against
+# (what, numerator, denominator, format, meaning): ceilings measured in the same run, to read the
+# targets against
 CEILINGS = [
-    ("JPEG decode alone, 2 processes / 1 (no DataLoader)", "limit/JPEG decode, two processes",
-     "limit/JPEG decode, one core", "{:.2f}×", "the most two DataLoader workers could gain on this machine; the "
-     "workers also pay for handing every batch to the main process, which needs a share of a core to receive it"),
-    ("Shard files read whole and cut into samples at offsets known in advance / bytes limit",
-     "limit/shard files cut at known offsets", "limit/shard files read whole", "{:.0%}",
-     "the most any reader that hands out every sample as a tuple of `bytes` could reach, before finding a single "
-     "header"),
+    (
+        "JPEG decode alone, 2 processes / 1 (no DataLoader)",
+        "limit/JPEG decode, two processes",
+        "limit/JPEG decode, one core",
+        "{:.2f}×",
+        "the most two DataLoader workers could gain on this machine; the "
+        "workers also pay for handing every batch to the main process, which needs a share of a "
+        "core to receive it",
+    ),
+    (
+        "Shard files read whole and cut into samples at offsets known in advance / bytes limit",
+        "limit/shard files cut at known offsets",
+        "limit/shard files read whole",
+        "{:.0%}",
+        "the most any reader that hands out every sample as a tuple of `bytes` could reach, before "
+        "finding a single "
+        "header",
+    ),
 ]
-# (what, measurement): our stream with 2 workers, warm, each without one of the settings, against 0 workers
+# (what, measurement): our stream with 2 workers, warm, each without one of the settings, against 0
+# workers
 HANDOVER = [
     (f"batches of {SMALL_BATCH} instead of {BATCH}", f"handover/batches of {SMALL_BATCH}"),
     ("torch's default hand-over, a file descriptor per tensor", "handover/file descriptors"),
@@ -97,12 +139,14 @@ class Results:
         self.fresh_page_us = self.image_bytes = None
 
     def measure(self, group, name, run, repeats, before=None, warmup=False):
-        """Call ``run`` (it returns how many samples it saw) ``repeats`` times, after one untimed call when
-        ``warmup``, calling ``before`` (untimed) before each; record and print samples/s."""
+        """Call ``run`` (it returns how many samples it saw) ``repeats`` times, after one untimed
+        call when ``warmup``, calling ``before`` (untimed) before each; record and print samples/s.
+        """
         self.measure_in_turn(group, {name: run}, repeats, before, warmup)
 
     def measure_in_turn(self, group, runs, repeats, before=None, warmup=False):
-        """``measure`` each of ``runs`` (``{name: run}``), taking turns: one call of each, ``repeats`` rounds."""
+        """``measure`` each of ``runs`` (``{name: run}``), taking turns: one call of each,
+        ``repeats`` rounds."""
         rates = {name: [] for name in runs}
         if warmup:
             for run in runs.values():
@@ -115,14 +159,18 @@ class Results:
                 seen = run()
                 seconds = time.perf_counter() - started
                 if seen != self.samples:
-                    raise RuntimeError(f"{group}/{name} saw {seen} samples, expected {self.samples}")
+                    raise RuntimeError(
+                        f"{group}/{name} saw {seen} samples, expected {self.samples}"
+                    )
                 rates[name].append(seen / seconds)
         keys = {f"{group}/{name}" for name in runs}
         for name, measured in rates.items():
             self.rates[f"{group}/{name}"] = measured
             self.turns[f"{group}/{name}"] = keys
-            print(f"  {group + '/' + name:<46}{statistics.median(measured):>11,.0f} samples/s  "
-                  f"(min {min(measured):,.0f}, max {max(measured):,.0f}, n={len(measured)})")
+            print(
+                f"  {group + '/' + name:<46}{statistics.median(measured):>11,.0f} samples/s  "
+                f"(min {min(measured):,.0f}, max {max(measured):,.0f}, n={len(measured)})"
+            )
 
     def median(self, key):
         return statistics.median(self.rates[key])
@@ -142,8 +190,13 @@ def count_batches(loader):
 def tarfile_samples(path):
     """Samples in one shard, reading every member's bytes with Python's ``tarfile``."""
     with tarfile.open(path) as tar:
-        return sum(1 for member in tar if member.isfile() and tar.extractfile(member).read() is not None
-                   and member.name.endswith(".jpg"))
+        return sum(
+            1
+            for member in tar
+            if member.isfile()
+            and tar.extractfile(member).read() is not None
+            and member.name.endswith(".jpg")
+        )
 
 
 def read_all(paths):
@@ -153,16 +206,20 @@ def read_all(paths):
 
 
 def member_spans(path):
-    """Where the samples' members lie in one shard: ``(begins, ends)`` of the first member of every sample, then
-    of the second."""
+    """Where the samples' members lie in one shard: ``(begins, ends)`` of the first member of every
+    sample, then of the second."""
     _, starts, sizes = scan_plain(read_shard(path), path)
-    return [(starts[first::2].tolist(), (starts[first::2] + sizes[first::2]).tolist()) for first in range(2)]
+    return [
+        (starts[first::2].tolist(), (starts[first::2] + sizes[first::2]).tolist())
+        for first in range(2)
+    ]
 
 
 def cut_at_known_offsets(paths, spans):
-    """Samples in the shards when each is read whole and cut into tuples of two ``bytes`` at the ``member_spans``
-    found beforehand: a reader's work without the reading of headers. Each shard is dropped before the next is read,
-    as our reader does (two alive at once would cost page faults)."""
+    """Samples in the shards when each is read whole and cut into tuples of two ``bytes`` at the
+    ``member_spans`` found beforehand: a reader's work without the reading of headers. Each shard is
+    dropped before the next is read, as our reader does (two alive at once would cost page faults).
+    """
     return sum(cut_shard(read_shard(path), columns) for path, columns in zip(paths, spans))
 
 
@@ -172,8 +229,9 @@ def cut_shard(data, columns):
 
 
 def headers_only(paths):
-    """Samples in the shards after the part of our reader that reads each shard whole and finds and checks every
-    header (``tario.scan_plain``, vectorised); no sample is built. Two members per sample: ``.jpg`` and ``.cls``."""
+    """Samples in the shards after the part of our reader that reads each shard whole and finds and
+    checks every header (``tario.scan_plain``, vectorised); no sample is built. Two members per
+    sample: ``.jpg`` and ``.cls``."""
     return sum(len(scan_plain(read_shard(path), path)[0]) for path in paths) // 2
 
 
@@ -190,8 +248,9 @@ def decode_when_told(ready, go, payloads):
 
 
 class TwoDecoders:
-    """Decode ``payloads`` split over two forked processes, nothing sent back: the ceiling for two workers.
-    ``start`` forks them and waits until both are ready (not timed); ``run`` lets them go and waits for both."""
+    """Decode ``payloads`` split over two forked processes, nothing sent back: the ceiling for two
+    workers. ``start`` forks them and waits until both are ready (not timed); ``run`` lets them go
+    and waits for both."""
 
     def __init__(self, payloads):
         self.payloads, self.go, self.processes = payloads, None, []
@@ -199,8 +258,10 @@ class TwoDecoders:
     def start(self):
         context = multiprocessing.get_context("fork")
         ready, self.go = context.Barrier(3), context.Barrier(3)
-        self.processes = [context.Process(target=decode_when_told, args=(ready, self.go, self.payloads[part::2]))
-                          for part in range(2)]
+        self.processes = [
+            context.Process(target=decode_when_told, args=(ready, self.go, self.payloads[part::2]))
+            for part in range(2)
+        ]
         for process in self.processes:
             process.start()
         ready.wait()
@@ -215,14 +276,14 @@ class TwoDecoders:
 
 
 def use_file_names(worker_id):
-    """A DataLoader worker's ``worker_init_fn``: hand batches over by shared-memory file name (the main process
-    opens them by name) instead of passing a file descriptor for every tensor."""
+    """A DataLoader worker's ``worker_init_fn``: hand batches over by shared-memory file name (the
+    main process opens them by name) instead of passing a file descriptor for every tensor."""
     torch.multiprocessing.set_sharing_strategy("file_system")
 
 
 def fresh_page_microseconds(pages=16_384):
-    """Microseconds to touch one 4 KiB page of memory the process has never used (a page fault each): every batch a
-    DataLoader worker sends lands in fresh shared memory."""
+    """Microseconds to touch one 4 KiB page of memory the process has never used (a page fault
+    each): every batch a DataLoader worker sends lands in fresh shared memory."""
     with mmap.mmap(-1, pages * PAGE) as memory:
         started = time.perf_counter()
         for offset in range(0, pages * PAGE, PAGE):
@@ -232,7 +293,9 @@ def fresh_page_microseconds(pages=16_384):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--small", action="store_true", help="the 500-image dataset and fewer repeats")
+    parser.add_argument(
+        "--small", action="store_true", help="the 500-image dataset and fewer repeats"
+    )
     args = parser.parse_args(argv)
     if args.small:
         os.environ["PACKDATA_SIZE"] = "small"
@@ -245,22 +308,35 @@ def main(argv=None):
     zip_path = packing.pack_zip(root, work / f"{root.name}.zip", progress=False)
     tar_path = packing.pack_tar(root, work / f"{root.name}.tar", progress=False)
     samples = len(manifest["samples"])
-    infos = write_shards(root, work / f"shards-{root.name}", maxcount=-(-samples // SHARDS), progress=False)
+    infos = write_shards(
+        root, work / f"shards-{root.name}", maxcount=-(-samples // SHARDS), progress=False
+    )
     shards = [str(info.path) for info in infos]
     results = Results(samples)
     print(f"{samples:,} samples in {len(shards)} shards; {system.usable_cores()} cores")
 
-    maps = {"folder": FolderDataset(root), "ZIP": WorkerSafeZipDataset(zip_path), "indexed tar": IndexedTarDataset(tar_path)}
+    maps = {
+        "folder": FolderDataset(root),
+        "ZIP": WorkerSafeZipDataset(zip_path),
+        "indexed tar": IndexedTarDataset(tar_path),
+    }
     read_all(shards)
 
     print("\nlimits")
     results.measure("limit", "shard files read whole", lambda: read_all(shards) or samples, repeats)
     spans = [member_spans(path) for path in shards]
-    results.measure("limit", "shard files cut at known offsets", lambda: cut_at_known_offsets(shards, spans), repeats,
-                    warmup=True)
+    results.measure(
+        "limit",
+        "shard files cut at known offsets",
+        lambda: cut_at_known_offsets(shards, spans),
+        repeats,
+        warmup=True,
+    )
     payloads = [maps["folder"].read_bytes(i) for i in range(samples)]
     results.image_bytes = decode_image(payloads[0]).numel()
-    results.measure("limit", "JPEG decode, one core", lambda: decode_all(payloads) or samples, slow_repeats)
+    results.measure(
+        "limit", "JPEG decode, one core", lambda: decode_all(payloads) or samples, slow_repeats
+    )
     two = TwoDecoders(payloads)
     results.measure("limit", "JPEG decode, two processes", two.run, slow_repeats, before=two.start)
     results.fresh_page_us = statistics.median(fresh_page_microseconds() for _ in range(repeats))
@@ -268,28 +344,61 @@ def main(argv=None):
 
     print("\nraw bytes, no decode, warm, after one untimed pass")
     for name, dataset in maps.items():
-        results.measure("raw", name, lambda d=dataset: sum(1 for i in range(samples) if d.read_bytes(i)), repeats,
-                        warmup=True)
-    results.measure("raw", "tarfile", lambda: sum(tarfile_samples(path) for path in shards), repeats, warmup=True)
-    results.measure("raw", "webdataset", lambda: sum(1 for _ in wds.WebDataset(shards, shardshuffle=False)), repeats,
-                    warmup=True)
-    results.measure("raw", "ours", lambda: sum(1 for _ in ShardDataset(shards, shuffle=False, decode=False)), repeats,
-                    warmup=True)
+        results.measure(
+            "raw",
+            name,
+            lambda d=dataset: sum(1 for i in range(samples) if d.read_bytes(i)),
+            repeats,
+            warmup=True,
+        )
+    results.measure(
+        "raw",
+        "tarfile",
+        lambda: sum(tarfile_samples(path) for path in shards),
+        repeats,
+        warmup=True,
+    )
+    results.measure(
+        "raw",
+        "webdataset",
+        lambda: sum(1 for _ in wds.WebDataset(shards, shardshuffle=False)),
+        repeats,
+        warmup=True,
+    )
+    results.measure(
+        "raw",
+        "ours",
+        lambda: sum(1 for _ in ShardDataset(shards, shuffle=False, decode=False)),
+        repeats,
+        warmup=True,
+    )
     results.measure("raw", "ours, headers only", lambda: headers_only(shards), repeats, warmup=True)
 
     def staying(workers, handover=use_file_names):
-        """DataLoader options of a training job: the workers stay from one epoch to the next; ``handover`` is
-        their ``worker_init_fn`` (batches handed over by file name unless None)."""
-        return {"num_workers": workers, "persistent_workers": workers > 0, "worker_init_fn": handover}
+        """DataLoader options of a training job: the workers stay from one epoch to the next;
+        ``handover`` is their ``worker_init_fn`` (batches handed over by file name unless None)."""
+        return {
+            "num_workers": workers,
+            "persistent_workers": workers > 0,
+            "worker_init_fn": handover,
+        }
 
     def our_stream(workers, batch=BATCH, handover=use_file_names):
-        loader = DataLoader(ShardDataset(shards, buffer_size=BUFFER, batch_size=batch), batch_size=None,
-                            **staying(workers, handover))
+        loader = DataLoader(
+            ShardDataset(shards, buffer_size=BUFFER, batch_size=batch),
+            batch_size=None,
+            **staying(workers, handover),
+        )
         return lambda: count_batches(loader)
 
     def webdataset_stream(workers):
-        pipeline = (wds.WebDataset(shards, shardshuffle=len(shards)).shuffle(BUFFER).decode("torchrgb8")
-                    .to_tuple("jpg", "cls").batched(BATCH))
+        pipeline = (
+            wds.WebDataset(shards, shardshuffle=len(shards))
+            .shuffle(BUFFER)
+            .decode("torchrgb8")
+            .to_tuple("jpg", "cls")
+            .batched(BATCH)
+        )
         loader = wds.WebLoader(pipeline, batch_size=None, **staying(workers))
         return lambda: count_batches(loader)
 
@@ -299,39 +408,86 @@ def main(argv=None):
 
     loaders = {name: (lambda w, d=d: map_loader(d, w)) for name, d in maps.items()}
     loaders.update({"our stream": our_stream, "webdataset": webdataset_stream})
-    paths = {"folder": [root], "ZIP": [zip_path], "indexed tar": [tar_path], "our stream": shards, "webdataset": shards}
+    paths = {
+        "folder": [root],
+        "ZIP": [zip_path],
+        "indexed tar": [tar_path],
+        "our stream": shards,
+        "webdataset": shards,
+    }
     for cache in ("warm", "cold"):
         print(f"\ndecoded, batches of {BATCH}, {cache} page cache, after one untimed epoch")
         for name, make in loaders.items():
-            evict = (lambda p=paths[name]: disks.evict_from_page_cache(p)) if cache == "cold" else None
-            results.measure_in_turn(cache, {f"{name}, {workers} workers": make(workers) for workers in WORKERS},
-                                    repeats, before=evict, warmup=True)
+            evict = (
+                (lambda p=paths[name]: disks.evict_from_page_cache(p)) if cache == "cold" else None
+            )
+            results.measure_in_turn(
+                cache,
+                {f"{name}, {workers} workers": make(workers) for workers in WORKERS},
+                repeats,
+                before=evict,
+                warmup=True,
+            )
 
     print("\nour stream, 2 workers, warm, with one setting changed")
-    results.measure_in_turn("handover", {f"batches of {SMALL_BATCH}": our_stream(2, SMALL_BATCH),
-                                         "file descriptors": our_stream(2, handover=None)}, repeats, warmup=True)
+    results.measure_in_turn(
+        "handover",
+        {
+            f"batches of {SMALL_BATCH}": our_stream(2, SMALL_BATCH),
+            "file descriptors": our_stream(2, handover=None),
+        },
+        repeats,
+        warmup=True,
+    )
 
-    print(f"\nthrough the emulated network store, {NETWORK_LATENCY * 1e3:g} ms per request, {NETWORK_WORKERS} workers")
-    with NetworkStore(imagefolder.data_dir(), latency=NETWORK_LATENCY) as store, warnings.catch_warnings():
+    print(
+        f"\nthrough the emulated network store, {NETWORK_LATENCY * 1e3:g} ms per request, "
+        f"{NETWORK_WORKERS} workers"
+    )
+    with (
+        NetworkStore(imagefolder.data_dir(), latency=NETWORK_LATENCY) as store,
+        warnings.catch_warnings(),
+    ):
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         urls = [store.url_for(Path(path).relative_to(imagefolder.data_dir())) for path in shards]
         per_file = EncodedObjects(f"{store.url}{root.name}/", manifest)
         sizes = [info.samples for info in infos]
-        results.measure("network", "per-file", lambda: benchmark(
-            per_file, batch_size=BATCH, num_workers=NETWORK_WORKERS, progress=False).samples, slow_repeats)
-        results.measure("network", "shards", lambda: count_batches(DataLoader(
-            ShardDataset(urls, decode=False, sizes=sizes, batch_size=BATCH), batch_size=None,
-            num_workers=NETWORK_WORKERS)), slow_repeats)
+        results.measure(
+            "network",
+            "per-file",
+            lambda: (
+                benchmark(
+                    per_file, batch_size=BATCH, num_workers=NETWORK_WORKERS, progress=False
+                ).samples
+            ),
+            slow_repeats,
+        )
+        results.measure(
+            "network",
+            "shards",
+            lambda: count_batches(
+                DataLoader(
+                    ShardDataset(urls, decode=False, sizes=sizes, batch_size=BATCH),
+                    batch_size=None,
+                    num_workers=NETWORK_WORKERS,
+                )
+            ),
+            slow_repeats,
+        )
 
     missed = report(results, samples, time.perf_counter() - started, args.small)
     if args.small:
-        print("small mode checks that every loader runs; the targets are judged on the workshop dataset")
+        print(
+            "small mode checks that every loader runs; the targets are judged on the workshop "
+            "dataset"
+        )
         return 0
     return 1 if missed else 0
 
 
 def report(results, samples, seconds, small):
-    """Print the key ratios; write the markdown report, the JSON and the plots. Returns the missed targets."""
+    """Print the key ratios; write the markdown report, the JSON and the plots. Returns the missed
+    targets."""
     OUT.mkdir(parents=True, exist_ok=True)
     ratios, missed = [], []
     print("\nkey ratios (target)")
@@ -339,98 +495,184 @@ def report(results, samples, seconds, small):
         value = results.median(top) / results.median(bottom)
         met = value >= target
         rounds = results.paired_ratios(top, bottom)
-        ratios.append({"what": what, "value": value, "target": target, "met": met, "format": spec, "rounds": rounds})
+        ratios.append(
+            {
+                "what": what,
+                "value": value,
+                "target": target,
+                "met": met,
+                "format": spec,
+                "rounds": rounds,
+            }
+        )
         missed += [] if met else [what]
-        spread = f"  (rounds {spec.format(min(rounds))} to {spec.format(max(rounds))})" if rounds else ""
-        print(f"  {what:<48}{spec.format(value):>8}  (≥ {spec.format(target)})  {'met' if met else 'MISSED'}{spread}")
-    ceilings = [{"what": what, "value": results.median(top) / results.median(bottom), "format": spec,
-                 "meaning": meaning} for what, top, bottom, spec, meaning in CEILINGS]
+        spread = (
+            f"  (rounds {spec.format(min(rounds))} to {spec.format(max(rounds))})" if rounds else ""
+        )
+        print(
+            f"  {what:<48}{spec.format(value):>8}  (≥ {spec.format(target)})  "
+            f"{'met' if met else 'MISSED'}{spread}"
+        )
+    ceilings = [
+        {
+            "what": what,
+            "value": results.median(top) / results.median(bottom),
+            "format": spec,
+            "meaning": meaning,
+        }
+        for what, top, bottom, spec, meaning in CEILINGS
+    ]
     ceilings.insert(1, page_bound(results, ceilings[0]["value"]))
     for ceiling in ceilings:
         print(f"  ceiling: {ceiling['what']} {ceiling['format'].format(ceiling['value'])}")
     single = results.median("warm/our stream, 0 workers")
     handover = [{"what": what, "value": results.median(key) / single} for what, key in HANDOVER]
     for setting in handover:
-        print(f"  our stream decoded, 2 workers / 0 workers, with {setting['what']}: {setting['value']:.2f}×")
-    per_sample = {key: 1e6 / results.median(key)
-                  for key in ("limit/shard files read whole", "limit/shard files cut at known offsets",
-                              "raw/ours, headers only", "raw/ours")}
+        print(
+            f"  our stream decoded, 2 workers / 0 workers, with {setting['what']}: "
+            f"{setting['value']:.2f}×"
+        )
+    per_sample = {
+        key: 1e6 / results.median(key)
+        for key in (
+            "limit/shard files read whole",
+            "limit/shard files cut at known offsets",
+            "raw/ours, headers only",
+            "raw/ours",
+        )
+    }
 
     env = system.environment_report()
     load = os.getloadavg()[1] if hasattr(os, "getloadavg") else float("nan")
     lines = [
         "# Benchmark report",
         "",
-        f"{samples:,} samples ({'small' if small else 'workshop'} dataset), {env['usable CPU cores']} cores, "
-        f"{env['platform']}, Python {env['python']}, torch {env['torch']}, webdataset {env['webdataset']}; "
-        f"the whole run took {seconds / 60:.1f} minutes, with a 5-minute load average of {load:.1f} at the end"
-        + (" (more than the cores: other work competed with the measurements)" if load > env["usable CPU cores"]
-           else "") + ". Generated by `make bench`: every figure below was measured in that one run."
-        + (" With 500 images, starting processes dominates every figure: the targets are judged on the workshop "
-           "dataset (`make bench`)." if small else ""),
+        f"{samples:,} samples ({'small' if small else 'workshop'} dataset), "
+        f"{env['usable CPU cores']} cores, "
+        f"{env['platform']}, Python {env['python']}, torch {env['torch']}, webdataset "
+        f"{env['webdataset']}; "
+        f"the whole run took {seconds / 60:.1f} minutes, with a 5-minute load average of "
+        f"{load:.1f} at the end"
+        + (
+            " (more than the cores: other work competed with the measurements)"
+            if load > env["usable CPU cores"]
+            else ""
+        )
+        + ". Generated by `make bench`: every figure below was measured in that one run."
+        + (
+            " With 500 images, starting processes dominates every figure: the targets are judged "
+            "on the workshop "
+            "dataset (`make bench`)."
+            if small
+            else ""
+        ),
         "",
         "## Targets",
         "",
-        "The measured ratio divides two medians. Where both were measured in turn, epoch by epoch, the ratio of "
+        "The measured ratio divides two medians. Where both were measured in turn, epoch by epoch, "
+        "the ratio of "
         "each round's pair shows how far the machine moved the figure during the run.",
         "",
         "| ratio | measured | target | | round by round |",
         "|---|---|---|---|---|",
-        *(f"| {r['what']} | {r['format'].format(r['value'])} | ≥ {r['format'].format(r['target'])} | "
-          f"{'met' if r['met'] else '**missed**'} | "
-          + (f"{r['format'].format(min(r['rounds']))} to {r['format'].format(max(r['rounds']))}" if r["rounds"]
-             else "–") + " |" for r in ratios),
+        *(
+            f"| {r['what']} | {r['format'].format(r['value'])} | ≥ "
+            f"{r['format'].format(r['target'])} | "
+            f"{'met' if r['met'] else '**missed**'} | "
+            + (
+                f"{r['format'].format(min(r['rounds']))} to {r['format'].format(max(r['rounds']))}"
+                if r["rounds"]
+                else "–"
+            )
+            + " |"
+            for r in ratios
+        ),
         "",
         "## What bounds them",
         "",
-        *(f"- {c['what']}: **{c['format'].format(c['value'])}**, {c['meaning']}." for c in ceilings),
-        "- The hand-over has a cost per batch and per tensor. With torch's default, the main process fetches "
-        "every tensor's file descriptor from the worker over a fresh, authenticated connection; with "
-        "`set_sharing_strategy(\"file_system\")` it opens the shared memory by name. The decoded loaders above use "
-        f"batches of {BATCH} and file names. Our stream decoded, 2 workers / 0 workers, with one setting changed:",
+        *(
+            f"- {c['what']}: **{c['format'].format(c['value'])}**, {c['meaning']}."
+            for c in ceilings
+        ),
+        "- The hand-over has a cost per batch and per tensor. With torch's default, the main "
+        "process fetches "
+        "every tensor's file descriptor from the worker over a fresh, authenticated connection; "
+        "with "
+        '`set_sharing_strategy("file_system")` it opens the shared memory by name. The decoded '
+        "loaders above use "
+        f"batches of {BATCH} and file names. Our stream decoded, 2 workers / 0 workers, with one "
+        "setting changed:",
         *(f"  - {h['what']}: **{h['value']:.2f}×**" for h in handover),
-        f"- Touching a fresh 4 KiB page of memory costs **{results.fresh_page_us:.2f} µs** here; a worker writes "
-        f"every decoded batch into fresh shared memory ({results.image_bytes:,} bytes of pixels per image: "
+        f"- Touching a fresh 4 KiB page of memory costs **{results.fresh_page_us:.2f} µs** here; a "
+        "worker writes "
+        f"every decoded batch into fresh shared memory ({results.image_bytes:,} bytes of pixels "
+        "per image: "
         f"{results.image_bytes / PAGE:.1f} pages).",
-        f"- Per sample, reading the shard files whole takes **{per_sample['limit/shard files read whole']:.2f} µs**, "
-        f"our reader **{per_sample['raw/ours']:.2f} µs**: reading each shard and finding and checking its headers "
-        f"(vectorised) takes **{per_sample['raw/ours, headers only']:.2f} µs**, the rest is handing out every sample "
-        "as a tuple of `bytes`. Reading the shards whole and cutting the samples out at offsets known in advance "
-        f"takes **{per_sample['limit/shard files cut at known offsets']:.2f} µs**: every sample is a few Python "
-        "objects and a second copy of its bytes, and the smaller the samples, the further the bytes limit runs ahead "
+        "- Per sample, reading the shard files whole takes "
+        f"**{per_sample['limit/shard files read whole']:.2f} µs**, "
+        f"our reader **{per_sample['raw/ours']:.2f} µs**: reading each shard and finding and "
+        "checking its headers "
+        f"(vectorised) takes **{per_sample['raw/ours, headers only']:.2f} µs**, the rest is "
+        "handing out every sample "
+        "as a tuple of `bytes`. Reading the shards whole and cutting the samples out at offsets "
+        "known in advance "
+        f"takes **{per_sample['limit/shard files cut at known offsets']:.2f} µs**: every sample is "
+        "a few Python "
+        "objects and a second copy of its bytes, and the smaller the samples, the further the "
+        "bytes limit runs ahead "
         "of that per-sample work.",
         "",
         "## Every measurement (samples/s)",
         "",
         "| measurement | median | min | max | repeats |",
         "|---|---|---|---|---|",
-        *(f"| {key} | {statistics.median(v):,.0f} | {min(v):,.0f} | {max(v):,.0f} | {len(v)} |"
-          for key, v in results.rates.items()),
+        *(
+            f"| {key} | {statistics.median(v):,.0f} | {min(v):,.0f} | {max(v):,.0f} | {len(v)} |"
+            for key, v in results.rates.items()
+        ),
         "",
         "![decoded loaders](loaders.png)",
         "",
     ]
     (OUT / "report.md").write_text("\n".join(lines), encoding="utf-8")
-    (OUT / "results.json").write_text(json.dumps(
-        {"samples": samples, "seconds": seconds, "load_average": load, "environment": env, "rates": results.rates,
-         "ratios": ratios, "ceilings": ceilings, "handover": handover, "fresh_page_us": results.fresh_page_us,
-         "microseconds_per_sample": per_sample},
-        indent=1), encoding="utf-8")
+    (OUT / "results.json").write_text(
+        json.dumps(
+            {
+                "samples": samples,
+                "seconds": seconds,
+                "load_average": load,
+                "environment": env,
+                "rates": results.rates,
+                "ratios": ratios,
+                "ceilings": ceilings,
+                "handover": handover,
+                "fresh_page_us": results.fresh_page_us,
+                "microseconds_per_sample": per_sample,
+            },
+            indent=1,
+        ),
+        encoding="utf-8",
+    )
     plot_loaders(results)
     print(f"\nreport: {OUT / 'report.md'}")
     return missed
 
 
 def page_bound(results, decode_ceiling):
-    """The decode ceiling once each worker also fills fresh shared memory with every sample's pixels: the two
-    processes' gain scaled by decode time / (decode time + that sample's pages × the cost of a fresh page)."""
+    """The decode ceiling once each worker also fills fresh shared memory with every sample's
+    pixels: the two processes' gain scaled by decode time / (decode time + that sample's pages × the
+    cost of a fresh page)."""
     decode_us = 1e6 / results.median("limit/JPEG decode, one core")
     pages_us = results.image_bytes / PAGE * results.fresh_page_us
-    return {"what": "JPEG decode, 2 processes / 1, each also filling fresh pages with its pixels",
-            "value": decode_ceiling * decode_us / (decode_us + pages_us), "format": "{:.2f}×",
-            "meaning": f"the ceiling above scaled by {decode_us:.0f} µs of decoding per sample against "
-                       f"{pages_us:.1f} µs of fresh pages (below): what two workers can reach here before the main "
-                       "process takes its share"}
+    return {
+        "what": "JPEG decode, 2 processes / 1, each also filling fresh pages with its pixels",
+        "value": decode_ceiling * decode_us / (decode_us + pages_us),
+        "format": "{:.2f}×",
+        "meaning": f"the ceiling above scaled by {decode_us:.0f} µs of decoding per sample against "
+        f"{pages_us:.1f} µs of fresh pages (below): what two workers can reach here before the "
+        "main "
+        "process takes its share",
+    }
 
 
 def plot_loaders(results):
@@ -441,7 +683,12 @@ def plot_loaders(results):
         width = 0.8 / len(WORKERS)
         for offset, workers in enumerate(WORKERS):
             heights = [results.median(f"{cache}/{name}, {workers} workers") for name in names]
-            ax.bar([i + offset * width for i in range(len(names))], heights, width, label=f"{workers} workers")
+            ax.bar(
+                [i + offset * width for i in range(len(names))],
+                heights,
+                width,
+                label=f"{workers} workers",
+            )
         ax.set_xticks([i + width for i in range(len(names))], names)
         ax.set_title(f"decoded, {cache} page cache")
     axes[0].set_ylabel("samples/s (median)")
@@ -452,5 +699,6 @@ def plot_loaders(results):
 
 if __name__ == "__main__":
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # webdataset's and DataLoader's advice is not part of the measurement
+        # webdataset's and DataLoader's advice is not part of the measurement
+        warnings.simplefilter("ignore")
         sys.exit(main())

@@ -1,11 +1,14 @@
-"""Train packdata's SmallCNN from tar shards in every process of a torchrun job, e.g. on one machine with two:
+"""Train packdata's SmallCNN from tar shards in every process of a torchrun job, e.g. on one machine
+with two:
 
-    torchrun --standalone --nproc_per_node=2 scripts/train.py "http://127.0.0.1:8080/datasets/shapes/train-{000000..000008}.tar" \
+    torchrun --standalone --nproc_per_node=2 scripts/train.py
+    "http://127.0.0.1:8080/datasets/shapes/train-{000000..000008}.tar" \
         --test http://127.0.0.1:8080/datasets/shapes/train-000009.tar --epochs 2
 
-Each rank streams its own shards (``ShardDataset`` splits the list by rank, then by DataLoader worker), every rank
-runs the same number of steps (``common_steps``) so no gradient all-reduce waits for a rank that has run out,
-and rank 0 reports the test accuracy. NCCL when every rank on a machine has a GPU of its own, else gloo on CPU.
+Each rank streams its own shards (``ShardDataset`` splits the list by rank, then by DataLoader
+worker), every rank runs the same number of steps (``common_steps``) so no gradient all-reduce waits
+for a rank that has run out, and rank 0 reports the test accuracy. NCCL when every rank on a machine
+has a GPU of its own, else gloo on CPU.
 """
 
 import argparse
@@ -26,30 +29,43 @@ from packdata.train import SmallCNN, common_steps, evaluate, train_epoch
 
 
 def say(line):
-    """Print ``line`` in one write, so that the ranks' lines never interleave on a shared stdout (with
-    PYTHONUNBUFFERED set, ``print`` writes the text and its newline separately)."""
+    """Print ``line`` in one write, so that the ranks' lines never interleave on a shared stdout
+    (with PYTHONUNBUFFERED set, ``print`` writes the text and its newline separately)."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shards", nargs="+", help="training shards: paths, http:// URLs or brace patterns")
-    parser.add_argument("--test", nargs="+", required=True, help="shards to measure the accuracy on (rank 0)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "shards", nargs="+", help="training shards: paths, http:// URLs or brace patterns"
+    )
+    parser.add_argument(
+        "--test", nargs="+", required=True, help="shards to measure the accuracy on (rank 0)"
+    )
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
-    parser.add_argument("--buffer", type=int, default=500, help="shuffle buffer per worker, in samples")
+    parser.add_argument(
+        "--buffer", type=int, default=500, help="shuffle buffer per worker, in samples"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--classes", type=int, default=10, help="number of classes the model tells apart")
-    parser.add_argument("--report", type=Path, help="folder for one JSON per rank: its steps and sample keys")
+    parser.add_argument(
+        "--classes", type=int, default=10, help="number of classes the model tells apart"
+    )
+    parser.add_argument(
+        "--report", type=Path, help="folder for one JSON per rank: its steps and sample keys"
+    )
     return parser.parse_args(argv)
 
 
 def ddp_device():
-    """This rank's device: its own GPU (by ``LOCAL_RANK``) when the machine has one per rank, else the CPU, where
-    gloo runs (gloo handles only CPU and CUDA tensors, so never Apple's MPS; ranks sharing a GPU break NCCL)."""
+    """This rank's device: its own GPU (by ``LOCAL_RANK``) when the machine has one per rank, else
+    the CPU, where gloo runs (gloo handles only CPU and CUDA tensors, so never Apple's MPS; ranks
+    sharing a GPU break NCCL)."""
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if pick_device().type == "cuda" and torch.cuda.device_count() >= ranks_here:
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -60,14 +76,23 @@ def main(argv=None):
     args = parse_args(argv)
     device = ddp_device()
     if device.type == "cuda":
-        torch.cuda.set_device(device)  # NCCL's collectives run on the current device: this rank's own GPU
+        # NCCL's collectives run on the current device: this rank's own GPU
+        torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)  # the ranks share the cores; don't let each try to use them all
-    torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    torch.manual_seed(args.seed)
 
-    dataset = ShardDataset(args.shards, rank=rank, world_size=world_size, seed=args.seed, buffer_size=args.buffer,
-                           keys=("jpg", "cls", "__key__"), equalize=True)
+    dataset = ShardDataset(
+        args.shards,
+        rank=rank,
+        world_size=world_size,
+        seed=args.seed,
+        buffer_size=args.buffer,
+        keys=("jpg", "cls", "__key__"),
+        equalize=True,
+    )
     model = DistributedDataParallel(SmallCNN(args.classes).to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     keys, steps_run = [], []  # per epoch: the keys of the samples trained on, the steps run
@@ -85,8 +110,10 @@ def main(argv=None):
         steps = common_steps(len(dataset), args.batch_size)
         loss, seen = train_epoch(model, images_and_labels(loader), optimizer, device, steps)
         steps_run.append(steps)
-        say(f"rank {rank}: epoch {epoch + 1}: {steps} steps, {seen} samples from "
-            f"{len(dataset.shards_for())} shards, loss {loss:.3f}")
+        say(
+            f"rank {rank}: epoch {epoch + 1}: {steps} steps, {seen} samples from "
+            f"{len(dataset.shards_for())} shards, loss {loss:.3f}"
+        )
     if args.report:
         args.report.mkdir(parents=True, exist_ok=True)
         report = {"rank": rank, "world_size": world_size, "steps": steps_run, "keys": keys}
@@ -95,8 +122,11 @@ def main(argv=None):
     if rank == 0:
         test = ShardDataset(args.test, rank=0, world_size=1, shuffle=False)
         accuracy = evaluate(model.module, DataLoader(test, batch_size=256), device)
-        say(f"rank 0: test accuracy {accuracy:.1%} on {len(test)} samples after {args.epochs} epochs on "
-            f"{world_size} ranks, {time.perf_counter() - started:.1f} s")
+        say(
+            f"rank 0: test accuracy {accuracy:.1%} on {len(test)} samples after {args.epochs} "
+            "epochs on "
+            f"{world_size} ranks, {time.perf_counter() - started:.1f} s"
+        )
     dist.destroy_process_group()
 
 

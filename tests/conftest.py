@@ -10,15 +10,19 @@ from packdata import synthetic
 
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
-    """Root of a 60-image synthetic dataset (6 per class), built once per session. Do not modify it."""
-    return synthetic.make_dataset(tmp_path_factory.mktemp("data") / "synthetic-60", size=60, progress=False)
+    """Root of a 60-image synthetic dataset (6 per class), built once per session. Do not modify
+    it."""
+    return synthetic.make_dataset(
+        tmp_path_factory.mktemp("data") / "synthetic-60", size=60, progress=False
+    )
 
 
 @pytest.fixture(scope="session")
 def write_tar():
-    """``write_tar(path, [(name, bytes)], tar_format=USTAR_FORMAT)``: a tar of those members in that order,
-    written by Python's ``tarfile`` (a writer independent of ours); returns ``path`` as a string. A member
-    may also be ``(tarfile.TarInfo, bytes or None)``, for other fields and member types (links, say)."""
+    """``write_tar(path, [(name, bytes)], tar_format=USTAR_FORMAT)``: a tar of those members in that
+    order, written by Python's ``tarfile`` (a writer independent of ours); returns ``path`` as a
+    string. A member may also be ``(tarfile.TarInfo, bytes or None)``, for other fields and member
+    types (links, say)."""
 
     def write(path, members, tar_format=tarfile.USTAR_FORMAT):
         with tarfile.open(path, "w", format=tar_format) as tar:

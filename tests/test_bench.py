@@ -2,7 +2,13 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from packdata.bench import BenchResult, SampleCountError, benchmark, results_table, too_short_to_judge
+from packdata.bench import (
+    BenchResult,
+    SampleCountError,
+    benchmark,
+    results_table,
+    too_short_to_judge,
+)
 from packdata.datasets import FolderDataset
 
 
@@ -20,7 +26,8 @@ class Numbers(Dataset):
 
 
 class ShortStream(IterableDataset):
-    """Claims ``claimed`` samples but yields ``actual``; unsharded, so every worker yields them all."""
+    """Claims ``claimed`` samples but yields ``actual``; unsharded, so every worker yields them
+    all."""
 
     def __init__(self, claimed, actual):
         self.claimed, self.actual = claimed, actual
@@ -44,7 +51,9 @@ def test_counts_every_sample_of_every_epoch(tiny_dataset):
     result = benchmark(dataset, batch_size=16, epochs=2, label="folder", progress=False)
     assert result.samples == 2 * len(dataset)
     assert len(result.epoch_seconds) == len(result.first_batch_seconds) == 2
-    assert all(0 < first <= epoch for first, epoch in zip(result.first_batch_seconds, result.epoch_seconds))
+    assert all(
+        0 < first <= epoch for first, epoch in zip(result.first_batch_seconds, result.epoch_seconds)
+    )
     assert result.seconds == pytest.approx(sum(result.epoch_seconds))
     assert result.samples_per_s == pytest.approx(result.samples / result.seconds)
     assert result.bytes_per_epoch == sum(dataset.sample_bytes)
@@ -70,15 +79,21 @@ def test_warmup_epochs_run_first_but_are_not_reported():
 
 
 def test_the_steady_rate_is_the_median_epoch_after_the_first():
-    result = BenchResult("r", batch_size=4, num_workers=0, epochs=4, samples=40, epoch_seconds=[9.0, 1.0, 2.0, 4.0])
+    result = BenchResult(
+        "r", batch_size=4, num_workers=0, epochs=4, samples=40, epoch_seconds=[9.0, 1.0, 2.0, 4.0]
+    )
     assert result.steady_samples_per_s == pytest.approx(10 / 2.0)
     with pytest.raises(ValueError, match="r: a steady rate needs at least 2 epochs"):
-        BenchResult("r", batch_size=4, num_workers=0, epochs=1, samples=10, epoch_seconds=[1.0]).steady_samples_per_s
+        _ = BenchResult(
+            "r", batch_size=4, num_workers=0, epochs=1, samples=10, epoch_seconds=[1.0]
+        ).steady_samples_per_s
 
 
 def test_warmup_epochs_are_counted_too():
     with pytest.raises(SampleCountError, match="epoch 1 delivered 90"):
-        benchmark(ShortStream(claimed=100, actual=90), batch_size=8, warmup_epochs=1, progress=False)
+        benchmark(
+            ShortStream(claimed=100, actual=90), batch_size=8, warmup_epochs=1, progress=False
+        )
 
 
 def test_counts_with_workers_and_are_repeatable(tiny_dataset):
@@ -115,8 +130,10 @@ def test_dropped_samples_fail_loudly():
 
 
 def test_tables_show_every_result():
-    results = [BenchResult("plain <a>", 64, 0, 1, 100, [0.5], [0.1], 10**6),
-               BenchResult("two", 64, 2, 1, 100, [0.25], [0.2])]
+    results = [
+        BenchResult("plain <a>", 64, 0, 1, 100, [0.5], [0.1], 10**6),
+        BenchResult("two", 64, 2, 1, 100, [0.25], [0.2]),
+    ]
     text = str(results_table(results))
     assert len(text.splitlines()) == 3
     assert "plain <a>" in text and "400" in text and "2.0" in text
@@ -126,7 +143,9 @@ def test_tables_show_every_result():
 
 
 def test_short_epochs_are_too_short_to_judge():
-    long, short = (BenchResult("r", 8, 0, 2, 16, epoch_seconds=[seconds, 1.0]) for seconds in (0.9, 0.05))
+    long, short = (
+        BenchResult("r", 8, 0, 2, 16, epoch_seconds=[seconds, 1.0]) for seconds in (0.9, 0.05)
+    )
     assert too_short_to_judge([long]) is None
     assert "an epoch took 50 ms, under 0.1 s" in too_short_to_judge([long, short])
 

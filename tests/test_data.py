@@ -1,4 +1,5 @@
-"""The synthetic dataset and the exporters: deterministic, ImageFolder-compatible, safe on bad input."""
+"""The synthetic dataset and the exporters: deterministic, ImageFolder-compatible, safe on bad
+input."""
 
 import json
 import os
@@ -23,7 +24,11 @@ def named(path):
 
 def files_under(root):
     """Every file below ``root`` as {relative path: bytes}."""
-    return {path.relative_to(root).as_posix(): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
 
 
 def image_bytes(root):
@@ -60,7 +65,9 @@ def test_image_folder_reads_the_same_classes_and_labels_as_the_manifest(tiny_dat
     manifest = imagefolder.load_manifest(tiny_dataset)
     folder = ImageFolder(tiny_dataset)
     assert folder.classes == manifest["classes"] == list(synthetic.CLASSES)
-    listed = [(str(tiny_dataset / sample["path"]), sample["label"]) for sample in manifest["samples"]]
+    listed = [
+        (str(tiny_dataset / sample["path"]), sample["label"]) for sample in manifest["samples"]
+    ]
     assert folder.samples == listed
     image, _ = folder[0]
     assert (image.mode, image.size) == ("RGB", (64, 64))
@@ -74,10 +81,13 @@ def test_manifest_matches_the_files(tiny_dataset):
     assert sorted(sample["path"] for sample in samples) == sorted(image_bytes(tiny_dataset))
     for sample in samples:
         class_name, file_name = sample["path"].split("/")
-        assert (class_name, file_name) == (synthetic.CLASSES[sample["label"]], sample["key"] + ".jpg")
+        assert (class_name, file_name) == (
+            synthetic.CLASSES[sample["label"]],
+            sample["key"] + ".jpg",
+        )
         assert (tiny_dataset / sample["path"]).stat().st_size == sample["bytes"]
         assert 500 < sample["bytes"] < 8_000
-    assert Counter(sample["label"] for sample in samples) == {label: 6 for label in range(10)}
+    assert Counter(sample["label"] for sample in samples) == dict.fromkeys(range(10), 6)
     assert imagefolder.verify_dataset(tiny_dataset) == 60
 
 
@@ -90,7 +100,7 @@ def test_uneven_sizes_are_balanced_and_sorted_by_class(tmp_path):
     root = synthetic.make_dataset(tmp_path / "odd", size="13", progress=False)
     labels = [sample["label"] for sample in imagefolder.load_manifest(root)["samples"]]
     assert labels == sorted(labels)
-    assert Counter(labels) == {0: 2, 1: 2, 2: 2, **{label: 1 for label in range(3, 10)}}
+    assert Counter(labels) == {0: 2, 1: 2, 2: 2, **dict.fromkeys(range(3, 10), 1)}
     assert len(ImageFolder(root)) == 13
 
 
@@ -133,17 +143,23 @@ def test_defaults_without_environment_variables(monkeypatch):
 
 
 def test_classes_are_told_apart_by_a_trivial_feature():
-    """Nearest class mean on a shift-invariant spectrum beats chance (10 %) by far; no network needed."""
+    """Nearest class mean on a shift-invariant spectrum beats chance (10 %) by far; no network
+    needed."""
 
     def radial_spectrum(image):
         gray = image.mean(axis=2)
         power = np.abs(np.fft.fft2((gray - gray.mean()) / (gray.std() + 1e-6)))
         radius = np.hypot(*np.meshgrid(np.fft.fftfreq(64), np.fft.fftfreq(64))) * 64
         rings = np.minimum(radius.astype(int), 31).ravel()
-        return np.log(np.bincount(rings, power.ravel(), 32) / np.bincount(rings, minlength=32) + 1e-3)
+        return np.log(
+            np.bincount(rings, power.ravel(), 32) / np.bincount(rings, minlength=32) + 1e-3
+        )
 
     labels = np.repeat(np.arange(10), 40)
-    images = [synthetic.render_image(label, np.random.default_rng([1, index])) for index, label in enumerate(labels)]
+    images = [
+        synthetic.render_image(label, np.random.default_rng([1, index]))
+        for index, label in enumerate(labels)
+    ]
     features = np.array([radial_spectrum(image) for image in images])
     train = np.arange(len(labels)) % 2 == 0
     means = np.array([features[train & (labels == label)].mean(axis=0) for label in range(10)])
@@ -160,7 +176,9 @@ def test_export_fake_data_round_trips(tmp_path):
     root = export.export_torchvision(fake, tmp_path / "fake", progress=False)
     manifest = imagefolder.load_manifest(root)
     assert manifest["classes"] == ["0", "1", "2"]
-    assert [sample["key"] for sample in manifest["samples"]] == [f"{index:06d}" for index in range(12)]
+    assert [sample["key"] for sample in manifest["samples"]] == [
+        f"{index:06d}" for index in range(12)
+    ]
     folder = {Path(path).name: label for path, label in ImageFolder(root).samples}
     for index, sample in enumerate(manifest["samples"]):
         original, label = fake[index]
@@ -176,7 +194,9 @@ def test_export_tensors_with_unsorted_class_names(tmp_path):
         (torch.randint(0, 256, (channels, 8, 10), dtype=torch.uint8, generator=generator), label)
         for channels, label in [(3, 0), (1, 1), (3, 1)]
     ]
-    root = export.export_torchvision(samples, tmp_path / "tensors", classes=["zebra", "ant"], progress=False)
+    root = export.export_torchvision(
+        samples, tmp_path / "tensors", classes=["zebra", "ant"], progress=False
+    )
     folder = ImageFolder(root)
     assert folder.classes == imagefolder.load_manifest(root)["classes"] == ["0-zebra", "1-ant"]
     assert folder.targets == [0, 1, 1]
@@ -204,7 +224,10 @@ def test_export_image_folder_keeps_jpegs_and_converts_the_rest(tmp_path):
 def test_exporting_our_own_dataset_copies_it_exactly(tiny_dataset, tmp_path):
     root = export.export_image_folder(tiny_dataset, tmp_path / "copy", progress=False)
     assert image_bytes(root) == image_bytes(tiny_dataset)
-    assert imagefolder.load_manifest(root)["samples"] == imagefolder.load_manifest(tiny_dataset)["samples"]
+    assert (
+        imagefolder.load_manifest(root)["samples"]
+        == imagefolder.load_manifest(tiny_dataset)["samples"]
+    )
 
 
 # --- bad input: a clear error and nothing left behind ---------------------------------------------
@@ -228,7 +251,9 @@ def test_nonsense_options_are_refused(tmp_path, options):
     "write",
     [
         lambda target: synthetic.make_dataset(target, size=10, force=True, progress=False),
-        lambda target: export.export_torchvision(FakeData(size=2, image_size=(3, 8, 8)), target, progress=False),
+        lambda target: export.export_torchvision(
+            FakeData(size=2, image_size=(3, 8, 8)), target, progress=False
+        ),
     ],
     ids=["make_dataset", "export_torchvision"],
 )
@@ -250,7 +275,9 @@ def test_a_file_is_not_a_dataset_folder(tmp_path):
     assert files_under(tmp_path) == {"file": b"x"}
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs a user that permissions apply to")
+@pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() == 0, reason="needs a user that permissions apply to"
+)
 def test_an_unwritable_folder_is_reported(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
@@ -303,7 +330,9 @@ def test_bad_export_sources_are_refused(tmp_path):
 def test_bad_torchvision_samples_are_refused(tmp_path, sample, message):
     good = (torch.zeros(3, 8, 8, dtype=torch.uint8), 1)
     with pytest.raises(ValueError, match=message):
-        export.export_torchvision([good, sample], tmp_path / "out", classes=["a", "b"], progress=False)
+        export.export_torchvision(
+            [good, sample], tmp_path / "out", classes=["a", "b"], progress=False
+        )
     assert not any(tmp_path.iterdir())
 
 
@@ -315,7 +344,9 @@ def test_missing_foreign_or_damaged_datasets_are_named(tiny_dataset, tmp_path):
         imagefolder.manifest_digest(tmp_path)
 
     copy = Path(shutil.copytree(tiny_dataset, tmp_path / "copy"))
-    first, second = [copy / sample["path"] for sample in imagefolder.load_manifest(copy)["samples"][:2]]
+    first, second = [
+        copy / sample["path"] for sample in imagefolder.load_manifest(copy)["samples"][:2]
+    ]
     first.write_bytes(first.read_bytes() + b"\0")
     second.unlink()
     with pytest.raises(ValueError, match=named(first)):

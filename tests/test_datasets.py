@@ -15,20 +15,20 @@ import webdataset
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
-from packdata.imagefolder import load_manifest
+from packdata import netstore as store_module
 from packdata.datasets import FolderDataset, HttpDataset, IndexedTarDataset, ZipDataset
 from packdata.httpclient import FileChangedError, HttpRangeFile
+from packdata.imagefolder import load_manifest
 from packdata.images import decode_image
-from packdata import netstore as store_module
-from packdata.packing import TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
-from packdata.tario import END_OF_TAR, tar_member
 from packdata.netstore import NetworkStore
+from packdata.packing import TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
 from packdata.tarindex import build_index, index_path
-from packdata.tario import TarFormatError
+from packdata.tario import END_OF_TAR, TarFormatError, tar_member
 
 
 class RawBytes(Dataset):
-    """The encoded bytes of another dataset's samples (module level, so spawn workers can unpickle it)."""
+    """The encoded bytes of another dataset's samples (module level, so spawn workers can unpickle
+    it)."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -59,7 +59,10 @@ def test_read_bytes_returns_the_file(tiny_dataset):
     manifest = load_manifest(tiny_dataset)
     dataset = FolderDataset(tiny_dataset)
     for index in (0, len(dataset) - 1):
-        assert hashlib.sha256(dataset.read_bytes(index)).hexdigest() == manifest["samples"][index]["sha256"]
+        assert (
+            hashlib.sha256(dataset.read_bytes(index)).hexdigest()
+            == manifest["samples"][index]["sha256"]
+        )
 
 
 def test_without_a_manifest_labels_come_from_sorted_class_folders(tiny_dataset, tmp_path):
@@ -90,14 +93,20 @@ def test_an_empty_folder_fails_clearly(tmp_path):
         FolderDataset(tmp_path)
 
 
-@pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities of TorchVision are deprecated")
+@pytest.mark.filterwarnings(
+    "ignore:The image decoding and encoding capabilities of TorchVision are deprecated"
+)
 def test_both_decoders_give_uint8_chw_images_that_agree(tiny_dataset):
-    by_pil, by_torchvision = FolderDataset(tiny_dataset), FolderDataset(tiny_dataset, decoder="torchvision")
+    by_pil, by_torchvision = (
+        FolderDataset(tiny_dataset),
+        FolderDataset(tiny_dataset, decoder="torchvision"),
+    )
     for index in (0, 7, 59):
         pil_image, torchvision_image = by_pil[index][0], by_torchvision[index][0]
         assert pil_image.dtype == torchvision_image.dtype == torch.uint8
         assert pil_image.shape == torchvision_image.shape == (3, 64, 64)
-        assert (pil_image.float() - torchvision_image.float()).abs().mean() < 2  # libjpeg builds may round differently
+        # libjpeg builds may round differently
+        assert (pil_image.float() - torchvision_image.float()).abs().mean() < 2
 
 
 def test_unknown_decoder_is_refused(tiny_dataset):
@@ -128,7 +137,9 @@ def test_http_dataset_in_dataloader_workers_returns_identical_bytes(tiny_dataset
     folder = FolderDataset(tiny_dataset)
     http = HttpDataset(store.url, load_manifest(tiny_dataset))
     http.read_bytes(0)  # a connection open in the parent must not leak into the workers
-    loader = DataLoader(RawBytes(http), batch_size=16, num_workers=2, multiprocessing_context=context)
+    loader = DataLoader(
+        RawBytes(http), batch_size=16, num_workers=2, multiprocessing_context=context
+    )
     fetched = [data for batch in loader for data in batch]
     assert fetched == [folder.read_bytes(i) for i in range(len(folder))]
 
@@ -152,7 +163,8 @@ def test_http_dataset_names_the_url_and_status_of_a_missing_file(tiny_dataset, s
 
 
 def test_http_dataset_reconnects_when_the_store_drops_an_idle_connection(tiny_dataset, monkeypatch):
-    monkeypatch.setattr(store_module._Handler, "timeout", 0.1)  # the store hangs up on idle clients after 0.1 s
+    # the store hangs up on idle clients after 0.1 s
+    monkeypatch.setattr(store_module._Handler, "timeout", 0.1)
     with NetworkStore(tiny_dataset, latency=0) as store:
         dataset = HttpDataset(store.url, load_manifest(tiny_dataset))
         dataset.read_bytes(0)
@@ -175,14 +187,15 @@ def test_a_timeout_names_the_url(tiny_dataset):
             dataset.read_bytes(0)
 
 
-# --- archives: ZIP and indexed tar, on disk and over HTTP Range requests ---------------------------
+# --- archives: ZIP and indexed tar, on disk and over HTTP Range requests --------------------------
 
 ARCHIVE_DATASETS = {"zip": (pack_zip, ZipDataset), "tar": (pack_tar, IndexedTarDataset)}
 
 
 @pytest.fixture(scope="module")
 def archives(tiny_dataset, tmp_path_factory):
-    """A folder of the tiny dataset packed four ways: ``jpeg.zip``, ``jpeg.tar``, ``raw.zip``, ``raw.tar``."""
+    """A folder of the tiny dataset packed four ways: ``jpeg.zip``, ``jpeg.tar``, ``raw.zip``,
+    ``raw.tar``."""
     folder = tmp_path_factory.mktemp("archives")
     for kind, (pack, _) in ARCHIVE_DATASETS.items():
         for payload in ("jpeg", "raw"):
@@ -197,7 +210,8 @@ def archive_store(archives):
 
 
 def rewritten(source, target, changes):
-    """A copy of a ZIP or tar archive with members replaced (``name: bytes``) or left out (``name: None``)."""
+    """A copy of a ZIP or tar archive with members replaced (``name: bytes``) or left out (``name:
+    None``)."""
     if source.suffix == ".zip":
         with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
             for name in old.namelist():
@@ -231,8 +245,15 @@ def manifest_member(archive):
 @pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
 @pytest.mark.parametrize("payload", ["jpeg", "raw"])
 def test_archive_datasets_give_the_folder_samples(tiny_dataset, archives, kind, payload):
-    folder, dataset = FolderDataset(tiny_dataset), ARCHIVE_DATASETS[kind][1](archives / f"{payload}.{kind}")
-    assert len(dataset) == len(folder) and dataset.classes == folder.classes and dataset.labels == folder.labels
+    folder, dataset = (
+        FolderDataset(tiny_dataset),
+        ARCHIVE_DATASETS[kind][1](archives / f"{payload}.{kind}"),
+    )
+    assert (
+        len(dataset) == len(folder)
+        and dataset.classes == folder.classes
+        and dataset.labels == folder.labels
+    )
     for index in range(len(folder)):
         image, label = dataset[index]
         assert torch.equal(image, folder[index][0]) and label == folder[index][1]
@@ -259,7 +280,11 @@ def test_http_range_file_reads_and_seeks_like_a_local_file(archives, archive_sto
     assert remote.read(10) == local[:10] and remote.tell() == 10
     assert remote.read(990) == local[10:1000]
     assert archive_store.requests == 2  # the second read came from the read-ahead buffer
-    assert remote.seek(-5, 2) == len(local) - 5 and remote.read() == local[-5:] and remote.read() == b""
+    assert (
+        remote.seek(-5, 2) == len(local) - 5
+        and remote.read() == local[-5:]
+        and remote.read() == b""
+    )
     assert remote.seek(3000) == 3000 and remote.read(5000) == local[3000:8000]
     assert remote.seek(-100, 1) == 7900 and remote.read(200) == local[7900:8100]
     assert archive_store.requests == 5
@@ -272,7 +297,9 @@ def test_archive_datasets_over_http_give_the_local_samples(archives, archive_sto
     local = ARCHIVE_DATASETS[kind][1](archives / f"jpeg.{kind}")
     remote = ARCHIVE_DATASETS[kind][1](archive_store.url_for(f"jpeg.{kind}"))
     assert remote.classes == local.classes and remote.labels == local.labels
-    assert [remote.read_bytes(i) for i in range(len(remote))] == [local.read_bytes(i) for i in range(len(local))]
+    assert [remote.read_bytes(i) for i in range(len(remote))] == [
+        local.read_bytes(i) for i in range(len(local))
+    ]
     assert torch.equal(remote[7][0], local[7][0])
 
 
@@ -289,13 +316,18 @@ def test_indexed_tar_over_http_scans_the_headers_without_a_current_index(archive
     (tmp_path / "t.tar").write_bytes((archives / "jpeg.tar").read_bytes())
     local = IndexedTarDataset(archives / "jpeg.tar")
     with NetworkStore(tmp_path, latency=0) as store:
-        assert IndexedTarDataset(store.url_for("t.tar")).members == local.members  # no t.tar.idx.json at all
+        # no t.tar.idx.json at all
+        assert IndexedTarDataset(store.url_for("t.tar")).members == local.members
         stale = json.loads(index_path(archives / "jpeg.tar").read_text())
-        index_path(tmp_path / "t.tar").write_text(json.dumps({**stale, "tar_size": 1, "members": {}}))
+        index_path(tmp_path / "t.tar").write_text(
+            json.dumps({**stale, "tar_size": 1, "members": {}})
+        )
         assert IndexedTarDataset(store.url_for("t.tar")).members == local.members
 
 
-def test_indexed_tar_over_http_distrusts_the_index_of_a_tar_rewritten_at_the_same_size(archives, tmp_path):
+def test_indexed_tar_over_http_distrusts_the_index_of_a_tar_rewritten_at_the_same_size(
+    archives, tmp_path
+):
     tar = tmp_path / "t.tar"
     with tarfile.open(archives / "jpeg.tar") as source:
         members = [(info.name, source.extractfile(info).read()) for info in source.getmembers()]
@@ -305,10 +337,13 @@ def test_indexed_tar_over_http_distrusts_the_index_of_a_tar_rewritten_at_the_sam
         assert IndexedTarDataset(store.url_for("t.tar")).members == indexed
         written = tar.stat().st_mtime_ns
         tar.write_bytes(b"".join(tar_member(*member) for member in reversed(members)) + END_OF_TAR)
-        os.utime(tar, ns=(written + 1, written + 1))  # rewritten a moment later: same size, members elsewhere
+        # rewritten a moment later: same size, members elsewhere
+        os.utime(tar, ns=(written + 1, written + 1))
         remote, local = IndexedTarDataset(store.url_for("t.tar")), IndexedTarDataset(tar)
         assert remote.members == local.members != indexed
-        assert [remote.read_bytes(i) for i in range(len(remote))] == [local.read_bytes(i) for i in range(len(local))]
+        assert [remote.read_bytes(i) for i in range(len(remote))] == [
+            local.read_bytes(i) for i in range(len(local))
+        ]
 
 
 def test_a_tar_replaced_after_the_dataset_was_built_is_refused_not_misread(archives, tmp_path):
@@ -317,7 +352,8 @@ def test_a_tar_replaced_after_the_dataset_was_built_is_refused_not_misread(archi
     tar.write_bytes(jpeg)
     with NetworkStore(tmp_path, latency=0) as store:
         remote, local = IndexedTarDataset(store.url_for("t.tar")), IndexedTarDataset(tar)
-        local._tar.close()  # as a DataLoader worker started after the change would: it opens the tar afresh
+        # as a DataLoader worker started after the change would: it opens the tar afresh
+        local._tar.close()
         written = tar.stat().st_mtime_ns
         tar.write_bytes(raw)
         os.utime(tar, ns=(written + 1, written + 1))
@@ -335,15 +371,25 @@ def test_a_tar_replaced_after_the_dataset_was_built_is_refused_not_misread(archi
 def test_indexed_tar_dataset_in_dataloader_workers(archives, context):
     dataset = IndexedTarDataset(archives / "jpeg.tar")
     dataset.read_bytes(0)  # a descriptor opened in the parent must not be what the workers use
-    loader = DataLoader(RawBytes(dataset), batch_size=16, num_workers=2, multiprocessing_context=context)
-    assert [data for batch in loader for data in batch] == [dataset.read_bytes(i) for i in range(len(dataset))]
+    loader = DataLoader(
+        RawBytes(dataset), batch_size=16, num_workers=2, multiprocessing_context=context
+    )
+    assert [data for batch in loader for data in batch] == [
+        dataset.read_bytes(i) for i in range(len(dataset))
+    ]
 
 
 def test_indexed_tar_reads_a_webdataset_shard_with_labels_from_cls_members(tiny_dataset, tmp_path):
     folder = FolderDataset(tiny_dataset)
     with webdataset.TarWriter(str(tmp_path / "shard.tar")) as writer:
         for index in range(len(folder)):
-            writer.write({"__key__": f"{index:06d}", "jpg": folder.read_bytes(index), "cls": folder.labels[index]})
+            writer.write(
+                {
+                    "__key__": f"{index:06d}",
+                    "jpg": folder.read_bytes(index),
+                    "cls": folder.labels[index],
+                }
+            )
     dataset = IndexedTarDataset(tmp_path / "shard.tar")
     assert dataset.classes is None and dataset.labels == folder.labels
     assert torch.equal(dataset[9][0], folder[9][0])
@@ -352,7 +398,8 @@ def test_indexed_tar_reads_a_webdataset_shard_with_labels_from_cls_members(tiny_
 def test_a_stale_tar_index_is_rebuilt(tiny_dataset, tmp_path):
     path = pack_tar(tiny_dataset, tmp_path / "t.tar", progress=False)
     assert IndexedTarDataset(path).paths[0] == "000000.jpg"
-    pack_tar(tiny_dataset, path, payload="raw", progress=False)  # the index next to it now describes another tar
+    # the index next to it now describes another tar
+    pack_tar(tiny_dataset, path, payload="raw", progress=False)
     dataset = IndexedTarDataset(path)
     assert dataset.paths[0] == "000000.npy" and dataset[0][0].shape == (3, 64, 64)
 
@@ -362,7 +409,7 @@ def test_garbage_and_truncated_archives_name_the_archive(archives, tmp_path, kin
     garbage, truncated = tmp_path / f"garbage.{kind}", tmp_path / f"truncated.{kind}"
     garbage.write_bytes(bytes(range(256)) * 40)
     source = (archives / f"jpeg.{kind}").read_bytes()
-    truncated.write_bytes(source[:len(source) // 2 + 700])
+    truncated.write_bytes(source[: len(source) // 2 + 700])
     errors = {"zip": zipfile.BadZipFile, "tar": TarFormatError}
     with pytest.raises(errors[kind], match=str(garbage)):
         ARCHIVE_DATASETS[kind][1](garbage)
@@ -379,7 +426,9 @@ def test_a_bad_crc_names_the_zip_and_the_member(tiny_dataset, archives, tmp_path
     (tmp_path / "bad.zip").write_bytes(bytes(blob))
     dataset = ZipDataset(tmp_path / "bad.zip")
     dataset[2]
-    with pytest.raises(zipfile.BadZipFile, match=f"member '000003.jpg' of {tmp_path / 'bad.zip'}: Bad CRC-32"):
+    with pytest.raises(
+        zipfile.BadZipFile, match=f"member '000003.jpg' of {tmp_path / 'bad.zip'}: Bad CRC-32"
+    ):
         dataset[3]
 
 
@@ -394,15 +443,23 @@ def test_a_sample_missing_from_the_manifest_has_no_label(archives, tmp_path, kin
 
 
 def test_a_shard_sample_without_a_cls_member_has_no_label(archives, tmp_path):
-    path = rewritten(archives / "jpeg.tar", tmp_path / "t.tar", {TAR_MANIFEST: None, "000004.cls": None})
-    with pytest.raises(LookupError, match=f"member '000004.jpg' of {path} has no label: .* a .cls member"):
+    path = rewritten(
+        archives / "jpeg.tar", tmp_path / "t.tar", {TAR_MANIFEST: None, "000004.cls": None}
+    )
+    with pytest.raises(
+        LookupError, match=f"member '000004.jpg' of {path} has no label: .* a .cls member"
+    ):
         IndexedTarDataset(path)
 
 
 @pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
 def test_a_member_that_is_not_an_image_names_the_archive_and_member(archives, tmp_path, kind):
-    path = rewritten(archives / f"jpeg.{kind}", tmp_path / f"t.{kind}", {"000002.jpg": b"not an image at all"})
+    path = rewritten(
+        archives / f"jpeg.{kind}", tmp_path / f"t.{kind}", {"000002.jpg": b"not an image at all"}
+    )
     dataset = ARCHIVE_DATASETS[kind][1](path)
-    with pytest.raises(ValueError, match=f"cannot decode member '000002.jpg' of {path} as an image") as error:
+    with pytest.raises(
+        ValueError, match=f"cannot decode member '000002.jpg' of {path} as an image"
+    ) as error:
         dataset[2]
     assert isinstance(error.value.__cause__, UnidentifiedImageError)

@@ -1,15 +1,14 @@
 """Exercises are generated from solutions (one source), and every check tells right from wrong."""
 
 import inspect
-import math
 import json
+import math
 import os
 import zipfile
 from pathlib import Path
 
 import jupytext
 import pytest
-
 from PIL import Image
 from torch.utils.data import get_worker_info
 
@@ -36,7 +35,9 @@ def test_committed_exercises_are_in_sync_with_solutions():
 
 
 def test_every_solution_has_an_exercise_and_vice_versa():
-    names = lambda folder: sorted(p.name for p in exercises.solution_files(folder))
+    def names(folder):
+        return sorted(p.name for p in exercises.solution_files(folder))
+
     assert names(SOLUTIONS) == names(EXERCISES) != []
 
 
@@ -45,7 +46,10 @@ def test_region_becomes_a_stub_with_the_hint():
     assert regions == 1
     assert "return width * height" not in source
     assert "###" not in source
-    assert "    raise NotImplementedError('Your turn! Hint: multiply the two sides')" in source.splitlines()
+    assert (
+        "    raise NotImplementedError('Your turn! Hint: multiply the two sides')"
+        in source.splitlines()
+    )
     assert source.endswith("print(area(2, 3))")
 
 
@@ -57,7 +61,9 @@ def test_stub_raises_not_implemented_with_the_hint():
 
 
 def test_hint_with_quotes_stays_valid_python():
-    source, _ = exercises.strip_solutions('### HINT: use "bytes" and \'str\'\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION')
+    source, _ = exercises.strip_solutions(
+        "### HINT: use \"bytes\" and 'str'\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION"
+    )
     compile(source, "cell", "exec")
 
 
@@ -78,7 +84,8 @@ def test_unpaired_markers_are_reported_with_their_line(bad, message):
 def test_generated_exercise_tags_stubs_and_drops_solution_only_cells(tmp_path):
     text = (
         "# Sheet\n\n```python\n" + SOLUTION + "\n```\n\n"
-        '<!-- #region tags=["solution-only"] -->\nThe answer is width times height.\n<!-- #endregion -->\n'
+        '<!-- #region tags=["solution-only"] -->\nThe answer is width times height.\n<!-- '
+        "#endregion -->\n"
     )
     (tmp_path / "01_demo.md").write_text(text)
     generated = jupytext.reads(exercises.exercise_text(tmp_path / "01_demo.md"), fmt="md")
@@ -100,7 +107,10 @@ def test_drift_is_detected(tmp_path):
     assert exercises.check_exercises(tmp_path / "s", tmp_path / "e") == []
     (tmp_path / "e" / "01_demo.md").write_text("edited by hand")
     (tmp_path / "e" / "02_orphan.md").write_text("no solution behind me")
-    assert [p.name for p in exercises.check_exercises(tmp_path / "s", tmp_path / "e")] == ["01_demo.md", "02_orphan.md"]
+    assert [p.name for p in exercises.check_exercises(tmp_path / "s", tmp_path / "e")] == [
+        "01_demo.md",
+        "02_orphan.md",
+    ]
 
 
 @pytest.mark.parametrize("path", sorted(EXERCISES.glob("[0-9][0-9]_*.md")), ids=lambda p: p.name)
@@ -112,6 +122,7 @@ def test_exactly_the_stub_cells_expect_an_exception(path):
 
 
 # --- every check_* fails on a stub and on a wrong answer, and passes on a right one -------------
+
 
 def stub(*args, **kwargs):
     raise NotImplementedError("Your turn!")
@@ -142,7 +153,9 @@ class PilImages(FolderDataset):
 
 
 def predict_right(n, mean_bytes, latency, bandwidth, workers):
-    return costmodel.predict_time(n, n * mean_bytes, latency, workers * bandwidth, concurrency=workers)
+    return costmodel.predict_time(
+        n, n * mean_bytes, latency, workers * bandwidth, concurrency=workers
+    )
 
 
 def predict_with_a_shared_link(n, mean_bytes, latency, bandwidth, workers):
@@ -157,7 +170,9 @@ def archive(root, kind):
     return path
 
 
-def pack_zip_right(root, target, compression=zipfile.ZIP_STORED, labels=True, stamp=lambda name: name):
+def pack_zip_right(
+    root, target, compression=zipfile.ZIP_STORED, labels=True, stamp=lambda name: name
+):
     samples = imagefolder.load_manifest(root)["samples"]
     with zipfile.ZipFile(target, "w", compression) as z:
         for s in samples:
@@ -205,7 +220,8 @@ class TextLabels(FolderDataset):
         return image, str(label)
 
 
-# name: (how to call the check with an implementation and the dataset root, right answer, wrong answers)
+# name: (how to call the check with an implementation and the dataset root, right answer, wrong
+# answers)
 CASES = {
     "check_count_per_class": (
         lambda check, impl, root: check(impl, root),
@@ -220,18 +236,24 @@ CASES = {
     "check_predict_epoch_seconds": (
         lambda check, impl, root: check(impl),
         predict_right,
-        [lambda n, b, l, bw, w: n * l / w, lambda n, b, l, bw, w: n * l + n * b / bw, predict_with_a_shared_link],
+        [
+            lambda n, b, lat, bw, w: n * lat / w,
+            lambda n, b, lat, bw, w: n * lat + n * b / bw,
+            predict_with_a_shared_link,
+        ],
     ),
     "check_workers_needed": (
         lambda check, impl, root: check(impl),
         costmodel.workers_needed,
-        [lambda t, l, s: t * (l + s), lambda t, l, s: int(t * (l + s))],
+        [lambda t, lat, s: t * (lat + s), lambda t, lat, s: int(t * (lat + s))],
     ),
     "check_pack_zip": (
         lambda check, impl, root: check(impl, root),
         lambda root, target: pack_zip_right(root, target, stamp=fixed_time),
         [
-            lambda root, target: pack_zip_right(root, target, zipfile.ZIP_DEFLATED),  # str names take this
+            lambda root, target: pack_zip_right(
+                root, target, zipfile.ZIP_DEFLATED
+            ),  # str names take this
             lambda root, target: pack_zip_right(root, target, labels=False, stamp=fixed_time),
             pack_zip_right,  # members stamped with the clock: two packs differ
         ],
@@ -245,8 +267,12 @@ CASES = {
         lambda check, impl, root: check(impl, archive(root, "tar")),
         tar_index_right,
         [
-            lambda path: {name: (offset - 512, size) for name, (offset, size) in tar_index_right(path).items()},
-            lambda path: {name: (offset, size + 1) for name, (offset, size) in tar_index_right(path).items()},
+            lambda path: {
+                name: (offset - 512, size) for name, (offset, size) in tar_index_right(path).items()
+            },
+            lambda path: {
+                name: (offset, size + 1) for name, (offset, size) in tar_index_right(path).items()
+            },
             lambda path: dict(list(tar_index_right(path).items())[:-1]),
             tar_index_with_padded_names,
         ],
@@ -255,7 +281,8 @@ CASES = {
 STUBS = {"check_folder_dataset": StubDataset, "check_zip_dataset": StubZipDataset}
 
 
-# --- lesson 4 ----------------------------------------------------------------------------------------
+# --- lesson 4 -------------------------------------------------------------------------------------
+
 
 def tiny_shards(root):
     """The tiny dataset as 8 shards next to it (written once per session)."""
@@ -274,7 +301,9 @@ def buffer_right(samples, size, rng):
 
 
 def buffer_that_drains(drain):
-    """A learner's shuffle buffer that gets the end wrong: what is left in it goes out through ``drain``."""
+    """A learner's shuffle buffer that gets the end wrong: what is left in it goes out through
+    ``drain``."""
+
     def buffer_fn(samples, size, rng):
         buffer = []
         for sample in samples:
@@ -285,11 +314,13 @@ def buffer_that_drains(drain):
             yield buffer[index]
             buffer[index] = sample
         yield from drain(buffer)
+
     return buffer_fn
 
 
 buffer_without_drain = buffer_that_drains(lambda rest: ())  # what is left is lost
-buffer_with_unshuffled_drain = buffer_that_drains(lambda rest: rest)  # what is left comes out in the order it went in
+# what is left comes out in the order it went in
+buffer_with_unshuffled_drain = buffer_that_drains(lambda rest: rest)
 
 
 def buffer_that_yields_at_once(samples, size, rng):
@@ -306,26 +337,38 @@ def buffer_with_its_own_random(samples, size, rng):
     return buffer_right(samples, size, random.Random())
 
 
-CASES.update({
-    "check_shard_split": (
-        lambda check, impl, root: check(impl, tiny_shards(root)),
-        lambda shards, rank, world_size, worker, workers: list(shards)[rank::world_size][worker::workers],
-        [
-            lambda shards, rank, world_size, worker, workers: list(shards)[worker::workers],
-            lambda shards, rank, world_size, worker, workers: list(shards)[rank::world_size],
-            lambda shards, rank, world_size, worker, workers: list(shards)[rank * workers + worker::world_size * workers][:1],
-        ],
-    ),
-    "check_shuffle_buffer": (
-        lambda check, impl, root: check(impl, tiny_shards(root)),
-        buffer_right,
-        [lambda samples, size, rng: iter(samples), buffer_without_drain, buffer_with_unshuffled_drain,
-         buffer_that_yields_at_once, buffer_with_its_own_random],
-    ),
-})
+CASES.update(
+    {
+        "check_shard_split": (
+            lambda check, impl, root: check(impl, tiny_shards(root)),
+            lambda shards, rank, world_size, worker, workers: list(shards)[rank::world_size][
+                worker::workers
+            ],
+            [
+                lambda shards, rank, world_size, worker, workers: list(shards)[worker::workers],
+                lambda shards, rank, world_size, worker, workers: list(shards)[rank::world_size],
+                lambda shards, rank, world_size, worker, workers: list(shards)[
+                    rank * workers + worker :: world_size * workers
+                ][:1],
+            ],
+        ),
+        "check_shuffle_buffer": (
+            lambda check, impl, root: check(impl, tiny_shards(root)),
+            buffer_right,
+            [
+                lambda samples, size, rng: iter(samples),
+                buffer_without_drain,
+                buffer_with_unshuffled_drain,
+                buffer_that_yields_at_once,
+                buffer_with_its_own_random,
+            ],
+        ),
+    }
+)
 
 
-# --- lesson 5 ----------------------------------------------------------------------------------------
+# --- lesson 5 -------------------------------------------------------------------------------------
+
 
 def upload_shards_right(client, dataset, paths):
     client.create(dataset)
@@ -340,38 +383,49 @@ def samples_per_shard_right(latency, bandwidth, mean_bytes, efficiency):
     return math.ceil(costmodel.size_for_efficiency(latency, bandwidth, efficiency) / mean_bytes)
 
 
-CASES.update({
-    "check_upload_shards": (
-        lambda check, impl, root: check(impl, root),
-        upload_shards_right,
-        [
-            upload_without_creating,
-            lambda client, dataset, paths: [str(p) for p in upload_shards_right(client, dataset, paths) and paths],
-            lambda client, dataset, paths: upload_shards_right(client, dataset, paths[:1]),
-        ],
-    ),
-    "check_samples_per_shard": (
-        lambda check, impl, root: check(impl),
-        samples_per_shard_right,
-        [
-            lambda l, bw, b, e: int(costmodel.size_for_efficiency(l, bw, e) / b),
-            lambda l, bw, b, e: math.ceil(costmodel.size_for_efficiency(l, bw, 1 - e) / b),
-            lambda l, bw, b, e: costmodel.size_for_efficiency(l, bw, e) / b,
-        ],
-    ),
-    "check_shards_for_rank": (
-        lambda check, impl, root: check(impl),
-        lambda shards, rank, world_size: shards[rank::world_size],
-        [
-            lambda shards, rank, world_size: shards[rank * (n := len(shards) // world_size):(rank + 1) * n],
-            lambda shards, rank, world_size: shards[rank * (n := -(-len(shards) // world_size)):(rank + 1) * n],
-            lambda shards, rank, world_size: shards[rank:rank + len(shards) // world_size + 1],
-        ],
-    ),
-})
+CASES.update(
+    {
+        "check_upload_shards": (
+            lambda check, impl, root: check(impl, root),
+            upload_shards_right,
+            [
+                upload_without_creating,
+                lambda client, dataset, paths: [
+                    str(p) for p in upload_shards_right(client, dataset, paths) and paths
+                ],
+                lambda client, dataset, paths: upload_shards_right(client, dataset, paths[:1]),
+            ],
+        ),
+        "check_samples_per_shard": (
+            lambda check, impl, root: check(impl),
+            samples_per_shard_right,
+            [
+                lambda lat, bw, b, e: int(costmodel.size_for_efficiency(lat, bw, e) / b),
+                lambda lat, bw, b, e: math.ceil(costmodel.size_for_efficiency(lat, bw, 1 - e) / b),
+                lambda lat, bw, b, e: costmodel.size_for_efficiency(lat, bw, e) / b,
+            ],
+        ),
+        "check_shards_for_rank": (
+            lambda check, impl, root: check(impl),
+            lambda shards, rank, world_size: shards[rank::world_size],
+            [
+                lambda shards, rank, world_size: shards[
+                    rank * (n := len(shards) // world_size) : (rank + 1) * n
+                ],
+                lambda shards, rank, world_size: shards[
+                    rank * (n := -(-len(shards) // world_size)) : (rank + 1) * n
+                ],
+                lambda shards, rank, world_size: shards[
+                    rank : rank + len(shards) // world_size + 1
+                ],
+            ],
+        ),
+    }
+)
 
 
-# --- lesson 3 ----------------------------------------------------------------------------------------
+# --- lesson 3 -------------------------------------------------------------------------------------
+
 
 class PerProcessZip(ZipDataset):
     def __init__(self, archive):
@@ -445,35 +499,78 @@ def lesson3_case(check, impl, root):
     return check(impl, archive(root, "zip"), imagefolder.load_manifest(root))
 
 
-CASES.update({
-    "check_per_process_handle": (lesson3_case, PerProcessZip, [InheritedZip, OpenedOnceWithoutPid, OpenedEveryCall]),
-    "check_worker_init_fn": (lesson3_case, reopen_right, [lambda worker_id: None, reopen_into_a_local]),
-    "check_spawn_ready": (
-        lambda check, impl, root: check(impl(archive(root, "zip")), imagefolder.load_manifest(root)),
-        RecipeZip,
-        [RecipeWithTheHandle, RecipeOfTheHandle, RecipeArgumentsNotATuple],
-    ),
-})
+CASES.update(
+    {
+        "check_per_process_handle": (
+            lesson3_case,
+            PerProcessZip,
+            [InheritedZip, OpenedOnceWithoutPid, OpenedEveryCall],
+        ),
+        "check_worker_init_fn": (
+            lesson3_case,
+            reopen_right,
+            [lambda worker_id: None, reopen_into_a_local],
+        ),
+        "check_spawn_ready": (
+            lambda check, impl, root: check(
+                impl(archive(root, "zip")), imagefolder.load_manifest(root)
+            ),
+            RecipeZip,
+            [RecipeWithTheHandle, RecipeOfTheHandle, RecipeArgumentsNotATuple],
+        ),
+    }
+)
 STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready": StubRecipeZip})
 
 
-@pytest.mark.parametrize("name, wrong, hint", [
-    ("check_workers_needed", lambda t, l, s: costmodel.workers_needed(t, l, 0.0), "include the work time"),
-    ("check_predict_epoch_seconds", predict_with_a_shared_link, "paces each connection on its own"),
-    ("check_tar_index", tar_index_with_padded_names, "strip the NUL padding"),
-    ("check_tar_index", tar_index_with_bytes_names, "names are bytes"),
-    ("check_workers_needed", lambda t, l, s: int(t * (l + s)) + 1, "one worker too many"),
-    ("check_workers_needed", lambda t, l, s: int(t * (l + s)), "round up, not down"),
-    ("check_folder_dataset", SwappedPair, "the image first"),
-    ("check_folder_dataset", TextLabels, "a str, not an int"),
-    ("check_shard_split", lambda shards, rank, world_size, worker, workers:
-        sorted(shards)[rank::world_size][worker::workers], "Keep the order you are given"),
-    ("check_shuffle_buffer", lambda samples, size, rng: sorted(samples, key=lambda _: rng.random()), "write a generator"),
-    ("check_shuffle_buffer", lambda samples, size, rng: iter(sorted(samples, key=lambda _: rng.random())),
-     "never reads more than 50 ahead"),
-    ("check_samples_per_shard", lambda l, bw, b, e: float(samples_per_shard_right(l, bw, b, e)), "a float"),
-    ("check_predict_epoch_seconds", lambda n, m, l, bw, w: (n * l + m / bw) / w, "the transfer is for every file"),
-])
+@pytest.mark.parametrize(
+    "name, wrong, hint",
+    [
+        (
+            "check_workers_needed",
+            lambda t, lat, s: costmodel.workers_needed(t, lat, 0.0),
+            "include the work time",
+        ),
+        (
+            "check_predict_epoch_seconds",
+            predict_with_a_shared_link,
+            "paces each connection on its own",
+        ),
+        ("check_tar_index", tar_index_with_padded_names, "strip the NUL padding"),
+        ("check_tar_index", tar_index_with_bytes_names, "names are bytes"),
+        ("check_workers_needed", lambda t, lat, s: int(t * (lat + s)) + 1, "one worker too many"),
+        ("check_workers_needed", lambda t, lat, s: int(t * (lat + s)), "round up, not down"),
+        ("check_folder_dataset", SwappedPair, "the image first"),
+        ("check_folder_dataset", TextLabels, "a str, not an int"),
+        (
+            "check_shard_split",
+            lambda shards, rank, world_size, worker, workers: sorted(shards)[rank::world_size][
+                worker::workers
+            ],
+            "Keep the order you are given",
+        ),
+        (
+            "check_shuffle_buffer",
+            lambda samples, size, rng: sorted(samples, key=lambda _: rng.random()),
+            "write a generator",
+        ),
+        (
+            "check_shuffle_buffer",
+            lambda samples, size, rng: iter(sorted(samples, key=lambda _: rng.random())),
+            "never reads more than 50 ahead",
+        ),
+        (
+            "check_samples_per_shard",
+            lambda lat, bw, b, e: float(samples_per_shard_right(lat, bw, b, e)),
+            "a float",
+        ),
+        (
+            "check_predict_epoch_seconds",
+            lambda n, m, lat, bw, w: (n * lat + m / bw) / w,
+            "the transfer is for every file",
+        ),
+    ],
+)
 def test_check_names_the_mistake(name, wrong, hint, tiny_dataset):
     run, _, _ = CASES[name]
     with pytest.raises(checks.CheckFailed, match=hint):
@@ -481,7 +578,11 @@ def test_check_names_the_mistake(name, wrong, hint, tiny_dataset):
 
 
 def test_every_check_has_cases():
-    defined = {name for name, f in inspect.getmembers(checks, inspect.isfunction) if name.startswith("check_")}
+    defined = {
+        name
+        for name, f in inspect.getmembers(checks, inspect.isfunction)
+        if name.startswith("check_")
+    }
     assert defined == set(CASES)
 
 
@@ -507,6 +608,8 @@ def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_data
     manifest, path = imagefolder.load_manifest(tiny_dataset), archive(tiny_dataset, "zip")
     with pytest.raises(checks.CheckFailed) as not_a_tuple:
         checks.check_spawn_ready(RecipeArgumentsNotATuple(path), manifest)
-    assert "tuple of the arguments" in str(not_a_tuple.value) and "ZipFile" not in str(not_a_tuple.value)
+    assert "tuple of the arguments" in str(not_a_tuple.value) and "ZipFile" not in str(
+        not_a_tuple.value
+    )
     with pytest.raises(checks.CheckFailed, match="an open ZipFile"):
         checks.check_spawn_ready(RecipeOfTheHandle(path), manifest)

@@ -1,4 +1,5 @@
-"""Per-process handles: the naive ZIP dataset breaks with workers, the per-process one never does."""
+"""Per-process handles: the naive ZIP dataset breaks with workers, the per-process one never
+does."""
 
 import gc
 import hashlib
@@ -14,12 +15,12 @@ import pytest
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from packdata import audit, perprocess
-from packdata.course.checks import CheckFailed, check_spawn_ready
-from packdata.imagefolder import load_manifest
-from packdata.datasets import IndexedTarDataset, WorkerSafeZipDataset, ZipDataset
 from packdata.audit import audit_reads, expected_checksums
-from packdata.perprocess import PerProcessHandle
+from packdata.course.checks import CheckFailed, check_spawn_ready
+from packdata.datasets import IndexedTarDataset, WorkerSafeZipDataset, ZipDataset
+from packdata.imagefolder import load_manifest
 from packdata.packing import pack_tar, pack_zip
+from packdata.perprocess import PerProcessHandle
 
 CONTEXTS = ["fork", "spawn", "forkserver"]
 
@@ -41,7 +42,8 @@ def packed(tiny_dataset, tmp_path_factory):
 
 
 class Recorder:
-    """A handle that appends ``"<event> <pid>"`` lines to a log file (module level, so spawn can pickle it)."""
+    """A handle that appends ``"<event> <pid>"`` lines to a log file (module level, so spawn can
+    pickle it)."""
 
     def __init__(self, log):
         self.log = log
@@ -59,7 +61,7 @@ def events(log):
     return log.read_text().splitlines() if log.exists() else []
 
 
-# --- PerProcessHandle --------------------------------------------------------------------------------
+# --- PerProcessHandle -----------------------------------------------------------------------------
 
 
 def test_opens_on_first_use_once_per_process(tmp_path):
@@ -88,7 +90,8 @@ def test_a_forked_child_opens_its_own_and_leaves_the_parents_alone(tmp_path):
     child.join()
     assert not reused_parents and same_twice and opened == 1
     assert handle.get() is parent_handle
-    assert events(log) == [f"open {os.getpid()}", f"open {child.pid}", f"close {child.pid}"]  # closed at its exit
+    # closed at its exit
+    assert events(log) == [f"open {os.getpid()}", f"open {child.pid}", f"close {child.pid}"]
 
 
 def test_pickling_carries_the_opener_not_the_handle(tmp_path):
@@ -99,7 +102,8 @@ def test_pickling_carries_the_opener_not_the_handle(tmp_path):
     with pytest.raises(TypeError, match="cannot pickle"):
         pickle.dumps(handle.get())
     copy = pickle.loads(pickle.dumps(handle))
-    assert copy.get() is not handle.get() and copy.get().read(3) == b"012"  # a fresh file, at offset 0
+    # a fresh file, at offset 0
+    assert copy.get() is not handle.get() and copy.get().read(3) == b"012"
 
 
 def test_close_closes_and_the_next_get_reopens(tmp_path):
@@ -150,7 +154,7 @@ def test_every_dataloader_worker_opens_once_and_closes_at_exit(tmp_path, context
     assert sorted(closed) == sorted(opened[1:])  # every worker closed its handle as it exited
 
 
-# --- the audit ---------------------------------------------------------------------------------------
+# --- the audit ------------------------------------------------------------------------------------
 
 
 class Flaky(Dataset):
@@ -169,9 +173,15 @@ class Flaky(Dataset):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_audit_counts_errors_and_silently_wrong_bytes(num_workers):
-    manifest = {"samples": [{"key": f"{i:06d}", "sha256": hashlib.sha256(str(i).encode()).hexdigest()}
-                            for i in reversed(range(8))]}
-    audit = audit_reads(Flaky(), expected_checksums(Flaky(), manifest), num_workers=num_workers, batch_size=3)
+    manifest = {
+        "samples": [
+            {"key": f"{i:06d}", "sha256": hashlib.sha256(str(i).encode()).hexdigest()}
+            for i in reversed(range(8))
+        ]
+    }
+    audit = audit_reads(
+        Flaky(), expected_checksums(Flaky(), manifest), num_workers=num_workers, batch_size=3
+    )
     assert (audit.samples, audit.correct, audit.wrong, audit.corrupted) == (8, 6, [3], 2)
     assert audit.errors == {5: "OSError: disk on fire at …"}
     assert sum(process["samples"] for process in audit.processes.values()) == 8
@@ -198,14 +208,22 @@ def reopen_zip(worker_id):
     dataset.zip_file = zipfile.ZipFile(dataset.archive)
 
 
-# --- the naive ZIP dataset breaks, the per-process one does not ----------------------------------------
+# --- the naive ZIP dataset breaks, the per-process one does not -----------------------------------
 
 
 def test_the_naive_zip_dataset_fails_or_corrupts_under_fork(packed):
     archive, _, checksums = packed
-    for attempt in range(100):  # a race: about one read in twenty goes wrong here; bounded, so never flaky
-        audit = audit_reads(ZipDataset(archive), checksums, num_workers=4, batch_size=4, multiprocessing_context="fork")
-        assert all(process["opened"] == 0 for process in audit.processes.values())  # all read the parent's handle
+    # a race: about one read in twenty goes wrong here; bounded, so never flaky
+    for _ in range(100):
+        audit = audit_reads(
+            ZipDataset(archive),
+            checksums,
+            num_workers=4,
+            batch_size=4,
+            multiprocessing_context="fork",
+        )
+        # all read the parent's handle
+        assert all(process["opened"] == 0 for process in audit.processes.values())
         if audit.corrupted:
             break
     assert audit.corrupted, "100 epochs under fork without a single bad read"
@@ -222,19 +240,31 @@ def test_the_naive_zip_dataset_cannot_be_pickled_for_spawn(packed, context):
 def test_a_worker_init_fn_that_reopens_fixes_the_naive_zip_under_fork(packed):
     archive, _, checksums = packed
     for _ in range(5):
-        audit = audit_reads(ZipDataset(archive), checksums, num_workers=4, batch_size=4,
-                            multiprocessing_context="fork", worker_init_fn=reopen_zip)
+        audit = audit_reads(
+            ZipDataset(archive),
+            checksums,
+            num_workers=4,
+            batch_size=4,
+            multiprocessing_context="fork",
+            worker_init_fn=reopen_zip,
+        )
         assert audit.correct == audit.samples
 
 
-@pytest.mark.parametrize("kind, context", [*(("zip", c) for c in CONTEXTS), ("tar", "fork"), ("tar", "forkserver")])
-def test_per_process_datasets_are_right_under_every_start_method(packed, kind, context):  # tar + spawn: test_datasets
+@pytest.mark.parametrize(
+    "kind, context", [*(("zip", c) for c in CONTEXTS), ("tar", "fork"), ("tar", "forkserver")]
+)
+# tar + spawn: test_datasets
+def test_per_process_datasets_are_right_under_every_start_method(packed, kind, context):
     archive, tar, checksums = packed
     dataset = WorkerSafeZipDataset(archive) if kind == "zip" else IndexedTarDataset(tar)
-    dataset.read_bytes(0)  # the main process's own handle is open: workers must not inherit or pickle it
+    # the main process's own handle is open: workers must not inherit or pickle it
+    dataset.read_bytes(0)
     epochs = 5 if context == "fork" else 1
     for _ in range(epochs):
-        audit = audit_reads(dataset, checksums, num_workers=3, batch_size=4, multiprocessing_context=context)
+        audit = audit_reads(
+            dataset, checksums, num_workers=3, batch_size=4, multiprocessing_context=context
+        )
         assert audit.correct == audit.samples, str(audit)
         assert len(audit.processes) == 3 and all(p["opened"] == 1 for p in audit.processes.values())
 
@@ -245,8 +275,11 @@ def test_the_per_process_zip_dataset_reads_like_the_naive_one_in_the_main_proces
     assert isinstance(safe, ZipDataset)
     assert (safe.classes, safe.paths, safe.labels) == (naive.classes, naive.paths, naive.labels)
     assert safe.zip_file is safe.zip_file
-    audit = audit_reads(WorkerSafeZipDataset(archive), checksums)  # __init__ opened the ZIP to read the manifest
-    assert audit.correct == audit.samples and list(audit.processes.values()) == [{"samples": 60, "opened": 0}]
+    # __init__ opened the ZIP to read the manifest
+    audit = audit_reads(WorkerSafeZipDataset(archive), checksums)
+    assert audit.correct == audit.samples and list(audit.processes.values()) == [
+        {"samples": 60, "opened": 0}
+    ]
     copy = pickle.loads(pickle.dumps(safe))
     assert copy.zip_file is not safe.zip_file and copy.read_bytes(7) == naive.read_bytes(7)
 
@@ -265,6 +298,9 @@ class FromMain(ZipDataset):
 
 def test_the_spawn_check_names_a_class_that_a_spawned_worker_cannot_import(packed, monkeypatch):
     monkeypatch.setattr(FromMain, "__module__", "__main__")
-    monkeypatch.setattr(sys.modules["__main__"], "FromMain", FromMain, raising=False)  # as if defined in a notebook
-    with pytest.raises(CheckFailed, match="The pickle names __main__.FromMain, defined in this notebook"):
+    # as if defined in a notebook
+    monkeypatch.setattr(sys.modules["__main__"], "FromMain", FromMain, raising=False)
+    with pytest.raises(
+        CheckFailed, match="The pickle names __main__.FromMain, defined in this notebook"
+    ):
         check_spawn_ready(FromMain(packed[0]), {"samples": []})

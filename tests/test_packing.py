@@ -17,7 +17,10 @@ from packdata.tario import FIXED_MTIME
 
 def source_files(root):
     """``{key: (label, file bytes)}`` of the dataset at ``root``."""
-    return {s["key"]: (s["label"], (root / s["path"]).read_bytes()) for s in load_manifest(root)["samples"]}
+    return {
+        s["key"]: (s["label"], (root / s["path"]).read_bytes())
+        for s in load_manifest(root)["samples"]
+    }
 
 
 def decoded(jpeg):
@@ -49,7 +52,9 @@ def test_zip_round_trip_gives_every_source_file_back_bit_for_bit(tiny_dataset, t
 
 
 def test_zip_is_stored_uncompressed_in_key_order_with_fixed_timestamps(tiny_dataset, tmp_path):
-    with zipfile.ZipFile(pack_zip(tiny_dataset, tmp_path / "train.zip", progress=False)) as zip_file:
+    with zipfile.ZipFile(
+        pack_zip(tiny_dataset, tmp_path / "train.zip", progress=False)
+    ) as zip_file:
         infos = zip_file.infolist()
     names = [info.filename for info in infos]
     assert names == sorted(f"{key}.jpg" for key in source_files(tiny_dataset)) + [ZIP_MANIFEST]
@@ -61,7 +66,9 @@ def test_tar_round_trip_in_webdataset_layout(tiny_dataset, tmp_path):
     archive = pack_tar(tiny_dataset, tmp_path / "train.tar", progress=False)
     members = tar_members(archive)
     sources = source_files(tiny_dataset)
-    expected_order = [TAR_MANIFEST] + [f"{key}{suffix}" for key in sorted(sources) for suffix in (".jpg", ".cls")]
+    expected_order = [TAR_MANIFEST] + [
+        f"{key}{suffix}" for key in sorted(sources) for suffix in (".jpg", ".cls")
+    ]
     assert list(members) == expected_order
     for key, (label, jpeg) in sources.items():
         assert members[f"{key}.jpg"] == jpeg
@@ -72,9 +79,12 @@ def test_tar_headers_are_ustar_with_fixed_owner_and_time(tiny_dataset, tmp_path)
     archive = pack_tar(tiny_dataset, tmp_path / "train.tar", progress=False)
     with tarfile.open(archive) as tar:
         infos = tar.getmembers()
-    assert {(i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) for i in infos} == {(FIXED_MTIME, 0, 0, "", "", 0o644)}
+    assert {(i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) for i in infos} == {
+        (FIXED_MTIME, 0, 0, "", "", 0o644)
+    }
     blob = archive.read_bytes()
-    assert {blob[i.offset + 257:i.offset + 265] for i in infos} == {b"ustar\x0000"}  # no pax or GNU headers
+    # no pax or GNU headers
+    assert {blob[i.offset + 257 : i.offset + 265] for i in infos} == {b"ustar\x0000"}
 
 
 def test_manifest_member_describes_every_stored_payload(tiny_dataset, tmp_path):
@@ -100,15 +110,21 @@ def test_raw_payload_holds_the_decoded_arrays(tiny_dataset, tmp_path, pack, read
 
 
 @pytest.mark.parametrize("payload, suffix", [("jpeg", ".jpg"), ("raw", ".npy")])
-def test_resize_happens_once_at_packing_time_and_is_recorded(tiny_dataset, tmp_path, payload, suffix):
-    members = zip_members(pack_zip(tiny_dataset, tmp_path / "small.zip", payload=payload, resize=32, progress=False))
+def test_resize_happens_once_at_packing_time_and_is_recorded(
+    tiny_dataset, tmp_path, payload, suffix
+):
+    members = zip_members(
+        pack_zip(tiny_dataset, tmp_path / "small.zip", payload=payload, resize=32, progress=False)
+    )
     manifest = json.loads(members[ZIP_MANIFEST])
     assert manifest["resize"] == {"size": 32, "filter": "bicubic"}
     for key, (_, jpeg) in list(source_files(tiny_dataset).items())[:5]:
         stored = members[key + suffix]
         image = np.load(io.BytesIO(stored)) if payload == "raw" else decoded(stored)
         assert image.shape == (32, 32, 3)
-        expected = np.asarray(Image.fromarray(decoded(jpeg)).resize((32, 32), Image.Resampling.BICUBIC))
+        expected = np.asarray(
+            Image.fromarray(decoded(jpeg)).resize((32, 32), Image.Resampling.BICUBIC)
+        )
         if payload == "raw":
             assert np.array_equal(image, expected)
         else:  # re-encoding a small noisy image as JPEG is lossy
@@ -135,7 +151,9 @@ def test_webdataset_reads_the_tar_with_the_same_keys_and_labels(tiny_dataset, tm
 
 
 @pytest.mark.parametrize("pack", [pack_zip, pack_tar])
-def test_an_interrupted_run_leaves_the_old_archive_and_no_partial_file(tiny_dataset, tmp_path, monkeypatch, pack):
+def test_an_interrupted_run_leaves_the_old_archive_and_no_partial_file(
+    tiny_dataset, tmp_path, monkeypatch, pack
+):
     archive = pack(tiny_dataset, tmp_path / "archive", progress=False)
     before = sha256(archive)
     calls = []

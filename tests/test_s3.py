@@ -1,4 +1,5 @@
-"""The S3 path: moto's server on loopback, boto3 and s3fs pointed at it by one setting, shards read back."""
+"""The S3 path: moto's server on loopback, boto3 and s3fs pointed at it by one setting, shards read
+back."""
 
 import os
 import subprocess
@@ -19,7 +20,9 @@ def server():
 
 @pytest.fixture(scope="module")
 def shard_paths(tiny_dataset, tmp_path_factory):
-    written = shardwrite.write_shards(tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=25, progress=False)
+    written = shardwrite.write_shards(
+        tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=25, progress=False
+    )
     return [info.path for info in written]
 
 
@@ -35,11 +38,16 @@ def test_serves_on_loopback_and_sets_the_endpoint_only_while_running(monkeypatch
 
 
 def test_a_second_server_stops_the_first_and_restores_the_environment_at_the_end(monkeypatch):
-    assert s3.S3Server.exporting is None, "this test must run before the module's server starts: it would stop it"
+    assert s3.S3Server.exporting is None, (
+        "this test must run before the module's server starts: it would stop it"
+    )
     monkeypatch.delenv(s3.ENDPOINT_VARIABLE, raising=False)
     with s3.S3Server() as first, s3.S3Server() as second:  # a notebook cell run twice
-        assert first.endpoint_url is None and os.environ[s3.ENDPOINT_VARIABLE] == second.endpoint_url
-    assert s3.ENDPOINT_VARIABLE not in os.environ  # restored by the second server (the first was stopped already)
+        assert (
+            first.endpoint_url is None and os.environ[s3.ENDPOINT_VARIABLE] == second.endpoint_url
+        )
+    # restored by the second server (the first was stopped already)
+    assert s3.ENDPOINT_VARIABLE not in os.environ
 
 
 def test_boto3_and_s3fs_read_back_every_shard_and_sample(server, shard_paths, tiny_dataset):
@@ -47,19 +55,27 @@ def test_boto3_and_s3fs_read_back_every_shard_and_sample(server, shard_paths, ti
     urls = s3.upload_files(shard_paths, "roundtrip", prefix="train/")
     assert urls == [f"s3://roundtrip/train/{path.name}" for path in shard_paths]
     fs = s3.filesystem()
-    assert sorted(fs.ls("roundtrip/train")) == [f"roundtrip/train/{path.name}" for path in shard_paths]
+    assert sorted(fs.ls("roundtrip/train")) == [
+        f"roundtrip/train/{path.name}" for path in shard_paths
+    ]
     keys = []
     for url, path in zip(urls, shard_paths):
         body = fs.cat(url)
         assert body == path.read_bytes()
-        keys += [name.split(".")[0] for name, _ in tarscan.iter_buffer(body) if name.endswith(".jpg")]
-    assert sorted(keys) == sorted(s["key"] for s in imagefolder.load_manifest(tiny_dataset)["samples"])
+        keys += [
+            name.split(".")[0] for name, _ in tarscan.iter_buffer(body) if name.endswith(".jpg")
+        ]
+    assert sorted(keys) == sorted(
+        s["key"] for s in imagefolder.load_manifest(tiny_dataset)["samples"]
+    )
 
 
 def test_an_explicit_endpoint_is_the_same_single_setting(server, monkeypatch):
     monkeypatch.delenv(s3.ENDPOINT_VARIABLE)
     s3.client(server.endpoint_url).create_bucket(Bucket="explicit")
-    assert "explicit" in [b["Name"] for b in s3.client(server.endpoint_url).list_buckets()["Buckets"]]
+    assert "explicit" in [
+        b["Name"] for b in s3.client(server.endpoint_url).list_buckets()["Buckets"]
+    ]
 
 
 def test_anonymous_http_reads_need_public_objects(server, shard_paths):
@@ -76,7 +92,10 @@ def test_the_pipe_command_streams_an_object(server, shard_paths):
     s3.client().create_bucket(Bucket="piped")
     url = s3.upload_files(shard_paths[:1], "piped")[0]
     command = s3.pipe_url(url).removeprefix("pipe:").split()
-    assert subprocess.run(command, capture_output=True, check=True).stdout == shard_paths[0].read_bytes()
+    assert (
+        subprocess.run(command, capture_output=True, check=True).stdout
+        == shard_paths[0].read_bytes()
+    )
 
 
 @pytest.mark.parametrize("url", ["bucket/key", "s3://bucket", "http://x/y"])

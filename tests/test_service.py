@@ -27,7 +27,8 @@ def client(service):
 
 
 def raw(service, method, path, body=None, headers=None):
-    """``(status, headers, body)`` of one request on a fresh connection, path sent exactly as given."""
+    """``(status, headers, body)`` of one request on a fresh connection, path sent exactly as
+    given."""
     parts = urllib.parse.urlsplit(service.url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     try:
@@ -45,7 +46,10 @@ def test_create_upload_list_download_round_trip(service, client):
     client.upload("shapes", "b.bin", bytes(300))
     assert url == f"{service.url}datasets/shapes/a.bin"
     assert client.datasets() == [{"name": "shapes", "files": 2, "bytes": 311}]
-    assert client.files("shapes") == [{"name": "a.bin", "bytes": 11}, {"name": "b.bin", "bytes": 300}]
+    assert client.files("shapes") == [
+        {"name": "a.bin", "bytes": 11},
+        {"name": "b.bin", "bytes": 300},
+    ]
     assert client.download("shapes", "a.bin") == b"hello world"
     assert (service.root / "shapes" / "a.bin").read_bytes() == b"hello world"
 
@@ -61,7 +65,11 @@ def test_upload_from_a_path_and_download_to_a_path(client, tmp_path):
 
 def test_answers_are_json_with_the_right_status_and_location(service):
     status, headers, body = raw(service, "POST", "/datasets", json.dumps({"name": "d"}))
-    assert (status, headers["Location"], json.loads(body)) == (201, "/datasets/d", {"name": "d", "files": []})
+    assert (status, headers["Location"], json.loads(body)) == (
+        201,
+        "/datasets/d",
+        {"name": "d", "files": []},
+    )
     status, headers, body = raw(service, "PUT", "/datasets/d/f.txt", b"abc")
     assert status == 201 and json.loads(body) == {"name": "f.txt", "bytes": 3}
     status, _, _ = raw(service, "PUT", "/datasets/d/f.txt", b"abcd")
@@ -71,12 +79,16 @@ def test_answers_are_json_with_the_right_status_and_location(service):
     assert json.loads(body) == {"name": "d", "files": [{"name": "f.txt", "bytes": 4}]}
 
 
-@pytest.mark.parametrize("header, status, wanted", [("bytes=2-5", 206, b"2345"), ("bytes=-3", 206, b"789"),
-                                                    (None, 200, b"0123456789")])
+@pytest.mark.parametrize(
+    "header, status, wanted",
+    [("bytes=2-5", 206, b"2345"), ("bytes=-3", 206, b"789"), (None, 200, b"0123456789")],
+)
 def test_downloads_honour_range(service, client, header, status, wanted):
     client.create("d")
     client.upload("d", "digits", b"0123456789")
-    got_status, headers, body = raw(service, "GET", "/datasets/d/digits", headers={"Range": header} if header else {})
+    got_status, headers, body = raw(
+        service, "GET", "/datasets/d/digits", headers={"Range": header} if header else {}
+    )
     assert (got_status, body) == (status, wanted)
     assert headers["Accept-Ranges"] == "bytes"
 
@@ -96,9 +108,16 @@ def test_creating_an_existing_dataset_is_409(client):
     client.create("d", exist_ok=True)
 
 
-@pytest.mark.parametrize("method, path", [("GET", "/datasets/nope"), ("GET", "/datasets/nope/f"),
-                                          ("PUT", "/datasets/nope/f"), ("GET", "/datasets/d/missing"),
-                                          ("GET", "/elsewhere")])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/datasets/nope"),
+        ("GET", "/datasets/nope/f"),
+        ("PUT", "/datasets/nope/f"),
+        ("GET", "/datasets/d/missing"),
+        ("GET", "/elsewhere"),
+    ],
+)
 def test_missing_things_are_404_with_a_json_reason(service, client, method, path):
     client.create("d")
     status, headers, body = raw(service, method, path, b"x" if method == "PUT" else None)
@@ -107,15 +126,27 @@ def test_missing_things_are_404_with_a_json_reason(service, client, method, path
 
 
 BAD_PATHS = [
-    "/datasets/..", "/datasets/d/..", "/datasets/d/%2e%2e", "/datasets/%2e%2e/etc", "/datasets/d/..%2f..%2fescape",
-    "/datasets/d/a%2Fb", "/datasets//etc", "/datasets/d//x", "/datasets/d/sub/deeper", "/datasets/d/x%00y",
-    "/datasets/d/.hidden", "/datasets/d/%2Fetc%2Fpasswd", "/datasets/d/a%5Cb",
+    "/datasets/..",
+    "/datasets/d/..",
+    "/datasets/d/%2e%2e",
+    "/datasets/%2e%2e/etc",
+    "/datasets/d/..%2f..%2fescape",
+    "/datasets/d/a%2Fb",
+    "/datasets//etc",
+    "/datasets/d//x",
+    "/datasets/d/sub/deeper",
+    "/datasets/d/x%00y",
+    "/datasets/d/.hidden",
+    "/datasets/d/%2Fetc%2Fpasswd",
+    "/datasets/d/a%5Cb",
 ]
 
 
 @pytest.mark.parametrize("path", BAD_PATHS)
 @pytest.mark.parametrize("method", ["GET", "PUT"])
-def test_bad_names_are_refused_and_nothing_escapes_the_root(service, client, tmp_path, method, path):
+def test_bad_names_are_refused_and_nothing_escapes_the_root(
+    service, client, tmp_path, method, path
+):
     client.create("d")
     (tmp_path / "secret").write_text("outside")
     status, _, body = raw(service, method, path, b"payload" if method == "PUT" else None)
@@ -125,11 +156,15 @@ def test_bad_names_are_refused_and_nothing_escapes_the_root(service, client, tmp
     assert files == ["secret", "served", "served/d"]
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "../x", "/abs", "a/b", "a\x00b", ".hidden", "x" * 256, 42, None])
+@pytest.mark.parametrize(
+    "name", ["", ".", "..", "../x", "/abs", "a/b", "a\x00b", ".hidden", "x" * 256, 42, None]
+)
 def test_bad_dataset_names_are_refused_at_creation(service, client, name):
     assert not is_valid_name(name)
     with pytest.raises(ServiceError) as error:
-        client.create(name) if isinstance(name, str) and "/" not in name else raw_create(service, name)
+        client.create(name) if isinstance(name, str) and "/" not in name else raw_create(
+            service, name
+        )
     assert error.value.status == 400
     assert list(service.root.iterdir()) == []
 
@@ -170,14 +205,17 @@ def test_an_interrupted_upload_leaves_nothing_behind(service, client):
     client.upload("d", "f", b"old contents")
     parts = urllib.parse.urlsplit(service.url)
     with socket.create_connection((parts.hostname, parts.port)) as sock:
-        sock.sendall(b"PUT /datasets/d/f HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + bytes(1000))
+        sock.sendall(
+            b"PUT /datasets/d/f HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + bytes(1000)
+        )
         sock.shutdown(socket.SHUT_WR)  # the client gives up after 1,000 of 5,000 bytes
         sock.recv(1000)
     deadline = time.monotonic() + 5
     while len(list((service.root / "d").iterdir())) > 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [p.name for p in (service.root / "d").iterdir()] == ["f"]  # no temporary file left
-    assert client.download("d", "f") == b"old contents"  # the old file was not replaced by a partial one
+    # the old file was not replaced by a partial one
+    assert client.download("d", "f") == b"old contents"
 
 
 def test_listings_hide_uploads_in_progress(service, client):
@@ -197,10 +235,14 @@ def test_concurrent_uploads_and_downloads(client):
     payloads = {f"file-{i:03d}.bin": bytes([i]) * (100 + 37 * i) for i in range(40)}
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda item: client.upload("d", *item), payloads.items()))
-        downloaded = dict(zip(payloads, pool.map(lambda name: client.download("d", name), payloads)))
+        downloaded = dict(
+            zip(payloads, pool.map(lambda name: client.download("d", name), payloads))
+        )
         creations = list(pool.map(lambda i: try_create(client, "race"), range(8)))
     assert downloaded == payloads
-    assert {f["name"]: f["bytes"] for f in client.files("d")} == {n: len(b) for n, b in payloads.items()}
+    assert {f["name"]: f["bytes"] for f in client.files("d")} == {
+        n: len(b) for n, b in payloads.items()
+    }
     assert sorted(creations) == [201] + [409] * 7  # exactly one of eight racing creators wins
 
 
@@ -229,7 +271,8 @@ def test_a_refused_upload_does_not_poison_the_next_request(client):
         client.upload("d", "../x", b"a body the server never reads")
     with pytest.raises(ServiceError, match="no dataset"):
         client.upload("missing", "x", b"another unread body")
-    assert client.datasets() == [{"name": "d", "files": 0, "bytes": 0}]  # the same keep-alive client goes on
+    # the same keep-alive client goes on
+    assert client.datasets() == [{"name": "d", "files": 0, "bytes": 0}]
 
 
 class _HangsUpInsteadOfAnsweringPost(service_module._ServiceHandler):
@@ -255,7 +298,8 @@ def test_a_create_whose_answer_is_lost_is_not_sent_again(tmp_path):
 
 
 def test_a_create_after_the_service_dropped_an_idle_connection(tmp_path, monkeypatch):
-    monkeypatch.setattr(service_module._ServiceHandler, "timeout", 0.1)  # hang up on clients idle for 0.1 s
+    # hang up on clients idle for 0.1 s
+    monkeypatch.setattr(service_module._ServiceHandler, "timeout", 0.1)
     with DatasetService(tmp_path) as service:
         client = DatasetClient(service.url)
         client.datasets()

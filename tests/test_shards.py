@@ -1,5 +1,5 @@
-"""Writing shards (from the folder or a torchvision dataset, by count and size, in parallel, atomically), splitting and
-concatenating them, and the ``packdata shards`` verbs."""
+"""Writing shards (from the folder or a torchvision dataset, by count and size, in parallel,
+atomically), splitting and concatenating them, and the ``packdata shards`` verbs."""
 
 import tarfile
 
@@ -9,12 +9,12 @@ import webdataset
 
 from packdata import cli, imagefolder, layout, samples, shardwrite
 from packdata.mapshards import map_shards, resize_sample
-from packdata.transfer import stage
 from packdata.packing import TAR_MANIFEST, pack_tar
 from packdata.shardread import describe_shard, iter_shard_samples
 from packdata.shardwrite import ShardWriter, cat_shards, split_tar, write_shards
 from packdata.streaming import ShardDataset
 from packdata.tario import TarFormatError
+from packdata.transfer import stage
 
 
 def samples_of(paths):
@@ -32,7 +32,9 @@ def written(tiny_dataset, tmp_path_factory):
     return out, write_shards(tiny_dataset, out, maxcount=8, progress=False)
 
 
-def test_every_sample_lands_in_exactly_one_shard_with_its_bytes_and_label(written, manifest, tiny_dataset):
+def test_every_sample_lands_in_exactly_one_shard_with_its_bytes_and_label(
+    written, manifest, tiny_dataset
+):
     out, infos = written
     assert [i.samples for i in infos] == [8] * 7 + [4]
     assert [i.path.name for i in infos] == [f"train-{n:06d}.tar" for n in range(8)]
@@ -40,14 +42,19 @@ def test_every_sample_lands_in_exactly_one_shard_with_its_bytes_and_label(writte
     got = samples_of(i.path for i in infos)
     assert set(got) == {s["key"] for s in manifest["samples"]}
     for s in manifest["samples"]:
-        assert got[s["key"]] == {"jpg": (tiny_dataset / s["path"]).read_bytes(), "cls": str(s["label"]).encode()}
+        assert got[s["key"]] == {
+            "jpg": (tiny_dataset / s["path"]).read_bytes(),
+            "cls": str(s["label"]).encode(),
+        }
 
 
 def test_members_follow_pack_tar_conventions(written):
     with tarfile.open(written[1][0].path) as tar:
         members = tar.getmembers()
     assert [m.name.split(".")[1] for m in members[:4]] == ["jpg", "cls", "jpg", "cls"]
-    assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {(1_577_836_800, 0, 0, "", 0o644)}
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {
+        (1_577_836_800, 0, 0, "", 0o644)
+    }
 
 
 def test_samples_are_shuffled_before_sharding_unless_asked_not_to(tiny_dataset, written, tmp_path):
@@ -55,10 +62,14 @@ def test_samples_are_shuffled_before_sharding_unless_asked_not_to(tiny_dataset, 
     assert first != sorted(first)
     assert len({int(k) // 6 for k in first}) > 1  # the synthetic keys go class by class, 6 each
     ordered = write_shards(tiny_dataset, tmp_path, maxcount=8, shuffle_seed=None, progress=False)
-    assert list(samples_of(i.path for i in ordered)) == sorted(first + list(samples_of(i.path for i in written[1][1:])))
+    assert list(samples_of(i.path for i in ordered)) == sorted(
+        first + list(samples_of(i.path for i in written[1][1:]))
+    )
 
 
-def test_the_same_input_gives_the_same_bytes_with_any_number_of_processes(tiny_dataset, written, tmp_path):
+def test_the_same_input_gives_the_same_bytes_with_any_number_of_processes(
+    tiny_dataset, written, tmp_path
+):
     parallel = write_shards(tiny_dataset, tmp_path, maxcount=8, processes=2, progress=False)
     assert [p.path.read_bytes() for p in parallel] == [w.path.read_bytes() for w in written[1]]
 
@@ -73,8 +84,12 @@ def test_a_map_style_torchvision_dataset_can_be_sharded(tmp_path):
     fake = torchvision.datasets.FakeData(size=12, image_size=(3, 16, 16), num_classes=3)
     infos = write_shards(fake, tmp_path, maxcount=5, payload="raw", progress=False)
     assert [i.samples for i in infos] == [5, 5, 2]
-    got = {key: (image.shape, label) for image, label, key in ShardDataset([str(i.path) for i in infos],
-                                                                            keys=("npy", "cls", "__key__"))}
+    got = {
+        key: (image.shape, label)
+        for image, label, key in ShardDataset(
+            [str(i.path) for i in infos], keys=("npy", "cls", "__key__")
+        )
+    }
     assert got == {f"{n:06d}": ((3, 16, 16), fake[n][1]) for n in range(12)}
 
 
@@ -84,7 +99,9 @@ def contents(folder):
 
 
 @pytest.mark.parametrize("before", ["nothing", "an older set"])
-def test_an_interrupted_run_leaves_the_folder_as_it_was(tiny_dataset, tmp_path, monkeypatch, before):
+def test_an_interrupted_run_leaves_the_folder_as_it_was(
+    tiny_dataset, tmp_path, monkeypatch, before
+):
     if before == "an older set":
         write_shards(tiny_dataset, tmp_path, maxcount=8, shuffle_seed=1, progress=False)
     expected = contents(tmp_path)
@@ -115,11 +132,14 @@ def test_bad_limits_are_refused(tmp_path):
 
 def test_webdataset_sees_the_same_keys_and_labels(written, manifest):
     urls = [str(i.path) for i in written[1]]
-    got = {key: int(label) for key, label in webdataset.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls")}
+    got = {
+        key: int(label)
+        for key, label in webdataset.WebDataset(urls, shardshuffle=False).to_tuple("__key__", "cls")
+    }
     assert got == {s["key"]: s["label"] for s in manifest["samples"]}
 
 
-# --- split and cat ---------------------------------------------------------------------------------
+# --- split and cat --------------------------------------------------------------------------------
 
 
 def test_split_keeps_samples_whole_and_leaves_the_manifest_out(tiny_dataset, tmp_path):
@@ -178,7 +198,9 @@ def test_cat_refuses_duplicate_keys_and_writes_nothing(written, tmp_path):
     first = written[1][0].path
     copy = tmp_path / "copy.tar"
     copy.write_bytes(first.read_bytes())
-    with pytest.raises(ValueError, match="duplicate key .* in .*train-000000.tar and in .*copy.tar"):
+    with pytest.raises(
+        ValueError, match="duplicate key .* in .*train-000000.tar and in .*copy.tar"
+    ):
         cat_shards([first, copy], tmp_path / "twice.tar")
     assert list(tmp_path.iterdir()) == [copy]
 
@@ -211,7 +233,9 @@ def test_a_local_folder_name_is_not_read_as_a_url(written, tmp_path):
     folder.mkdir()
     source = folder / "train-000000.tar"
     source.write_bytes(written[1][0].path.read_bytes())
-    assert [p.name for p in stage([str(source)], tmp_path / "scratch", progress=False)] == ["train-000000.tar"]
+    assert [p.name for p in stage([str(source)], tmp_path / "scratch", progress=False)] == [
+        "train-000000.tar"
+    ]
 
 
 def test_resizing_decoded_pixels_is_refused_by_name():
@@ -225,7 +249,9 @@ def test_two_shards_of_the_same_file_name_are_refused_not_merged(written, tmp_pa
         (tmp_path / folder).mkdir()
         sources.append(tmp_path / folder / "train-000000.tar")
         sources[-1].write_bytes(written[1][len(sources)].path.read_bytes())
-    expected = f"{sources[0]} and {sources[1]} would both become {tmp_path / 'out' / 'train-000000.tar'}"
+    expected = (
+        f"{sources[0]} and {sources[1]} would both become {tmp_path / 'out' / 'train-000000.tar'}"
+    )
     with pytest.raises(ValueError, match=expected):
         stage(sources, tmp_path / "out", progress=False)
     with pytest.raises(ValueError, match=expected):
@@ -233,7 +259,7 @@ def test_two_shards_of_the_same_file_name_are_refused_not_merged(written, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-# --- the command line ------------------------------------------------------------------------------
+# --- the command line -----------------------------------------------------------------------------
 
 
 def run(capsys, *argv):
@@ -260,12 +286,24 @@ def test_cli_show_prints_keys_members_and_labels(written, manifest, capsys):
 
 
 def test_cli_split_and_cat(tiny_dataset, written, tmp_path, capsys):
-    code, out, _ = run(capsys, "cat", *[str(i.path) for i in written[1]], "-o", str(tmp_path / "all.tar"))
+    code, out, _ = run(
+        capsys, "cat", *[str(i.path) for i in written[1]], "-o", str(tmp_path / "all.tar")
+    )
     assert code == 0 and out.split("\t")[1] == "60 samples"
-    code, out, _ = run(capsys, "split", str(tmp_path / "all.tar"), str(tmp_path / "parts"), "--maxcount", "8",
-                       "--prefix", "part")
+    code, out, _ = run(
+        capsys,
+        "split",
+        str(tmp_path / "all.tar"),
+        str(tmp_path / "parts"),
+        "--maxcount",
+        "8",
+        "--prefix",
+        "part",
+    )
     assert code == 0 and len(out.splitlines()) == 8
-    assert samples_of(sorted((tmp_path / "parts").glob("part-*.tar"))) == samples_of(i.path for i in written[1])
+    assert samples_of(sorted((tmp_path / "parts").glob("part-*.tar"))) == samples_of(
+        i.path for i in written[1]
+    )
 
 
 def test_cli_errors_are_one_line_naming_the_shard(tmp_path, capsys):
@@ -279,9 +317,14 @@ def test_cli_names_a_tar_with_a_negative_member_size(tmp_path, capsys):
     path = tmp_path / "bad.tar"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo("a.jpg")
-        info.pax_headers = {"size": "-512"}  # once read a.jpg twice (and -1536 went round in circles)
+        # once read a.jpg twice (and -1536 went round in circles)
+        info.pax_headers = {"size": "-512"}
         tar.addfile(info)
-    for argv in (["list", str(path)], ["list", "--members", str(path)], ["split", str(path), str(tmp_path / "out")]):
+    for argv in (
+        ["list", str(path)],
+        ["list", "--members", str(path)],
+        ["split", str(path), str(tmp_path / "out")],
+    ):
         with pytest.raises(SystemExit) as exit_info:
             run(capsys, *argv)
         err = capsys.readouterr().err

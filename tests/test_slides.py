@@ -70,11 +70,15 @@ Speaker notes.
 <!-- #endregion -->
 """
 
-LESSONS = ["00_fixture"] + sorted(path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
+LESSONS = ["00_fixture"] + sorted(
+    path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.md")
+)
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)"),
-    pytest.mark.skipif(shutil.which("npm") is None, reason="npm is needed to vendor reveal.js for offline decks"),
+    pytest.mark.skipif(
+        shutil.which("npm") is None, reason="npm is needed to vendor reveal.js for offline decks"
+    ),
 ]
 
 
@@ -97,13 +101,19 @@ class SectionCounter(HTMLParser):
 
 def expected_slides(lesson):
     """Slides plus subslides in the source; nbconvert also starts one at the first visible cell."""
-    types = [cell.metadata.get("slideshow", {}).get("slide_type", "-") for cell in jupytext.read(lesson).cells]
+    types = [
+        cell.metadata.get("slideshow", {}).get("slide_type", "-")
+        for cell in jupytext.read(lesson).cells
+    ]
     visible = [t for t in types if t not in ("skip", "notes")]
-    return sum(t in ("slide", "subslide") for t in visible) + (visible[0] not in ("slide", "subslide"))
+    return sum(t in ("slide", "subslide") for t in visible) + (
+        visible[0] not in ("slide", "subslide")
+    )
 
 
 def serve(folder):
-    """Serve ``folder`` on a free loopback port; return the server and the list of requested paths."""
+    """Serve ``folder`` on a free loopback port; return the server and the list of requested
+    paths."""
     requested = []
 
     class Handler(SimpleHTTPRequestHandler):
@@ -167,7 +177,9 @@ def test_deck_runs_offline(lesson, tmp_path):
     assert counter.inner == expected_slides(lesson)
 
     urls = deck_requests(net_log, origin)
-    assert any(u.endswith("/vendor/reveal.js/dist/reveal.js") for u in urls), "network log shows no deck requests"
+    assert any(u.endswith("/vendor/reveal.js/dist/reveal.js") for u in urls), (
+        "network log shows no deck requests"
+    )
     assert [u for u in urls if not u.startswith(origin + "/")] == []
     assert f"/{deck.name}" in requested
 
@@ -178,4 +190,6 @@ def test_deck_runs_offline(lesson, tmp_path):
 def test_lesson_scrolls_when_presented_live(lesson):
     """RISE cuts long slides off unless the notebook asks it to scroll."""
     notebook = jupytext.read(ROOT / "notebooks" / f"{lesson}.md")
-    assert notebook.metadata.get("rise", {}).get("scroll") is True, f"add 'rise: scroll: true' to {lesson}.md"
+    assert notebook.metadata.get("rise", {}).get("scroll") is True, (
+        f"add 'rise: scroll: true' to {lesson}.md"
+    )

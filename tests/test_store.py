@@ -5,9 +5,9 @@ import urllib.parse
 
 import pytest
 
+from packdata.atomic import written_atomically
 from packdata.imagefolder import load_manifest
 from packdata.netstore import NetworkStore
-from packdata.atomic import written_atomically
 
 SLACK = 1.0  # seconds a loaded CI machine may add to a request: only absurd delays fail
 
@@ -33,7 +33,8 @@ def timed_get(store, path):
 
 @pytest.fixture
 def served(tmp_path):
-    """A served folder holding ``data.bin`` (0..255 repeated), next to a secret that must stay unreachable."""
+    """A served folder holding ``data.bin`` (0..255 repeated), next to a secret that must stay
+    unreachable."""
     (tmp_path / "secret.txt").write_text("top secret")
     root = tmp_path / "served"
     (root / "sub").mkdir(parents=True)
@@ -60,7 +61,7 @@ def test_serves_files_on_loopback_and_counts_them(tiny_dataset):
         store.reset_counters()
         assert (store.requests, store.bytes_served) == (0, 0)
     with pytest.raises(RuntimeError, match="not running"):
-        store.url
+        _ = store.url
 
 
 def test_head_sends_headers_only(store, served):
@@ -72,8 +73,12 @@ def test_head_sends_headers_only(store, served):
 
 @pytest.mark.parametrize(
     "header, wanted",
-    [("bytes=0-9", slice(0, 10)), ("bytes=100-", slice(100, None)), ("bytes=-5", slice(-5, None)),
-     ("bytes=10-999999999", slice(10, None))],
+    [
+        ("bytes=0-9", slice(0, 10)),
+        ("bytes=100-", slice(100, None)),
+        ("bytes=-5", slice(-5, None)),
+        ("bytes=10-999999999", slice(10, None)),
+    ],
 )
 def test_range_requests_get_206_and_the_right_bytes(store, served, header, wanted):
     data = (served / "data.bin").read_bytes()
@@ -115,8 +120,14 @@ def test_a_missing_file_gets_404_naming_the_path(store):
 
 @pytest.mark.parametrize(
     "path",
-    ["/../secret.txt", "/sub/../../secret.txt", "/%2e%2e/secret.txt", "/%2E%2E%2Fsecret.txt",
-     "/sub/%2e%2e/%2e%2e/secret.txt", "/sub/escape/secret.txt"],
+    [
+        "/../secret.txt",
+        "/sub/../../secret.txt",
+        "/%2e%2e/secret.txt",
+        "/%2E%2E%2Fsecret.txt",
+        "/sub/%2e%2e/%2e%2e/secret.txt",
+        "/sub/escape/secret.txt",
+    ],
 )
 def test_paths_outside_the_root_are_refused(store, path):
     status, _, body = get(store, path)
@@ -140,7 +151,10 @@ def test_latency_is_honoured_and_adjustable_while_running(store):
 def test_parallel_requests_wait_concurrently(store):
     store.latency = 0.2
     elapsed = []
-    threads = [threading.Thread(target=lambda: elapsed.append(timed_get(store, "/data.bin"))) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: elapsed.append(timed_get(store, "/data.bin")))
+        for _ in range(8)
+    ]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -199,7 +213,9 @@ def test_a_file_replaced_while_it_is_served_arrives_whole_old_or_new(store, serv
     try:
         for _ in range(300):
             status, headers, body = get(store, "/changing.bin")
-            assert status == 200 and body in versions and int(headers["Content-Length"]) == len(body)
+            assert (
+                status == 200 and body in versions and int(headers["Content-Length"]) == len(body)
+            )
     finally:
         done.set()
         replacer.join()
@@ -224,4 +240,5 @@ def test_stop_waits_for_requests_in_flight_without_waiting_out_their_latency(ser
     left_running = set(threading.enumerate()) - before - {client}
     client.join()
     assert left_running == set()  # no handler thread outlives stop()
-    assert stopping < 60 and issubclass(answers[0], ConnectionError)  # the latency was cut short: a hang-up
+    # the latency was cut short: a hang-up
+    assert stopping < 60 and issubclass(answers[0], ConnectionError)

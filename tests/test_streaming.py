@@ -1,5 +1,6 @@
-"""The streaming dataset: shard lists, exactly-once splitting, two-level shuffling, the fast tar reader, webdataset
-interop both ways, and every bad input failing clearly (or being skipped and counted when asked)."""
+"""The streaming dataset: shard lists, exactly-once splitting, two-level shuffling, the fast tar
+reader, webdataset interop both ways, and every bad input failing clearly (or being skipped and
+counted when asked)."""
 
 import io
 import itertools
@@ -7,6 +8,7 @@ import random
 import tarfile
 import warnings
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +18,16 @@ from torch.utils.data import DataLoader
 
 from packdata import imagefolder, plaingroup, streaming, tario, tarscan
 from packdata.images import decode_image
-from packdata.shardwrite import write_shards
-from packdata.netstore import NetworkStore
 from packdata.layout import ShardError, expand_shards
-from packdata.streaming import ShardDataset, equal_quotas, shuffle_buffer, shuffle_shards, split_shards
+from packdata.netstore import NetworkStore
+from packdata.shardwrite import write_shards
+from packdata.streaming import (
+    ShardDataset,
+    equal_quotas,
+    shuffle_buffer,
+    shuffle_shards,
+    split_shards,
+)
 
 KEYS = ("__key__", "cls")  # undecoded keys and labels: what exactly-once tests need, fast
 
@@ -44,23 +52,31 @@ def all_keys(tiny_dataset):
 
 def keys_of(dataset, num_workers=1):
     """Keys every worker of this rank yields, simulated in this process."""
-    return [item[0] for worker in range(num_workers) for item in dataset.iterate(worker, num_workers)]
+    return [
+        item[0] for worker in range(num_workers) for item in dataset.iterate(worker, num_workers)
+    ]
 
 
-# --- shard lists -----------------------------------------------------------------------------------
+# --- shard lists ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pattern, expected", [
-    ("a.tar", ["a.tar"]),
-    ("train-{000..002}.tar", ["train-000.tar", "train-001.tar", "train-002.tar"]),
-    ("x{8..10}", ["x8", "x9", "x10"]),
-    ("{train,val}-{0..1}.tar", ["train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"]),
-    ("http://h:1/s-{09..11}.tar", ["http://h:1/s-09.tar", "http://h:1/s-10.tar", "http://h:1/s-11.tar"]),
-    ("{a,{b,c}}.tar", ["a.tar", "b.tar", "c.tar"]),
-    ("{0..010}", [f"{n:03d}" for n in range(11)]),
-    ("{10..08}", ["10", "09", "08"]),
-    ("a{}.tar", ["a{}.tar"]),
-])
+@pytest.mark.parametrize(
+    "pattern, expected",
+    [
+        ("a.tar", ["a.tar"]),
+        ("train-{000..002}.tar", ["train-000.tar", "train-001.tar", "train-002.tar"]),
+        ("x{8..10}", ["x8", "x9", "x10"]),
+        ("{train,val}-{0..1}.tar", ["train-0.tar", "train-1.tar", "val-0.tar", "val-1.tar"]),
+        (
+            "http://h:1/s-{09..11}.tar",
+            ["http://h:1/s-09.tar", "http://h:1/s-10.tar", "http://h:1/s-11.tar"],
+        ),
+        ("{a,{b,c}}.tar", ["a.tar", "b.tar", "c.tar"]),
+        ("{0..010}", [f"{n:03d}" for n in range(11)]),
+        ("{10..08}", ["10", "09", "08"]),
+        ("a{}.tar", ["a{}.tar"]),
+    ],
+)
 def test_brace_patterns_expand_as_webdataset_expands_them(pattern, expected):
     assert expand_shards(pattern) == expected == list(webdataset.shardlists.expand_urls(pattern))
 
@@ -85,9 +101,13 @@ def test_a_pattern_expands_to_the_written_shards(shard_dir, urls):
     assert expand_shards(str(shard_dir / "train-{000000..000006}.tar")) == urls
 
 
-@pytest.mark.parametrize("shard", ["https://example.com/train-000000.tar", "s3://bucket/train-000000.tar"])
+@pytest.mark.parametrize(
+    "shard", ["https://example.com/train-000000.tar", "s3://bucket/train-000000.tar"]
+)
 def test_a_url_we_cannot_read_is_refused_by_name(shard):
-    with pytest.raises(ValueError, match=f"cannot read '{shard}': shards are local paths or http:// URLs"):
+    with pytest.raises(
+        ValueError, match=f"cannot read '{shard}': shards are local paths or http:// URLs"
+    ):
         ShardDataset([shard])
 
 
@@ -97,7 +117,7 @@ def test_an_empty_shard_list_is_refused(empty):
         ShardDataset(empty if empty != "" else [])
 
 
-# --- exactly once ----------------------------------------------------------------------------------
+# --- exactly once ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("shards", range(1, 9))
@@ -105,19 +125,32 @@ def test_an_empty_shard_list_is_refused(empty):
 @pytest.mark.parametrize("num_workers", [1, 2, 3, 4])
 def test_split_shards_is_a_partition(shards, world_size, num_workers):
     names = [f"s{i}" for i in range(shards)]
-    parts = [split_shards(names, r, world_size, w, num_workers) for r in range(world_size) for w in range(num_workers)]
+    parts = [
+        split_shards(names, r, world_size, w, num_workers)
+        for r in range(world_size)
+        for w in range(num_workers)
+    ]
     assert sorted(name for part in parts for name in part) == names
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("num_workers", [1, 2, 3, 5])
-def test_every_sample_exactly_once_per_epoch_across_ranks_and_workers(urls, all_keys, world_size, num_workers):
+def test_every_sample_exactly_once_per_epoch_across_ranks_and_workers(
+    urls, all_keys, world_size, num_workers
+):
     for epoch in range(3):
         seen = []
         for rank in range(world_size):
-            dataset = ShardDataset(urls, rank=rank, world_size=world_size, seed=7, buffer_size=5, keys=KEYS,
-                                   decode=False)
+            dataset = ShardDataset(
+                urls,
+                rank=rank,
+                world_size=world_size,
+                seed=7,
+                buffer_size=5,
+                keys=KEYS,
+                decode=False,
+            )
             dataset.set_epoch(epoch)
             keys = keys_of(dataset, num_workers)
             assert len(keys) == len(dataset)
@@ -130,8 +163,12 @@ def test_real_fork_workers_on_two_ranks_deliver_every_sample_once(urls, all_keys
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         for rank in range(2):
-            dataset = ShardDataset(urls, rank=rank, world_size=2, buffer_size=10, keys=KEYS, decode=False)
-            loader = DataLoader(dataset, batch_size=None, num_workers=3, multiprocessing_context="fork")
+            dataset = ShardDataset(
+                urls, rank=rank, world_size=2, buffer_size=10, keys=KEYS, decode=False
+            )
+            loader = DataLoader(
+                dataset, batch_size=None, num_workers=3, multiprocessing_context="fork"
+            )
             seen += [key for key, _ in loader]
     assert sorted(seen) == all_keys
 
@@ -142,28 +179,40 @@ def test_spawn_workers_decode_and_batch(urls, all_keys):
     batches = list(loader)
     assert sum(len(labels) for _, labels in batches) == len(all_keys)
     images, labels = batches[0]
-    assert images.dtype == torch.uint8 and images.shape[1:] == (3, 64, 64) and labels.dtype == torch.int64
+    assert (
+        images.dtype == torch.uint8
+        and images.shape[1:] == (3, 64, 64)
+        and labels.dtype == torch.int64
+    )
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_persistent_workers_follow_set_epoch(urls, all_keys, method):
     dataset = ShardDataset(urls, seed=3, buffer_size=5, keys=KEYS, decode=False)
-    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True,
-                        multiprocessing_context=method)
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=method,
+    )
     epochs = []
     for epoch in range(3):
         dataset.set_epoch(epoch)
         epochs.append([key for key, _ in loader])
     for epoch, keys in enumerate(epochs):
-        dataset.set_epoch(epoch)  # the epoch again, in this process: each worker's stream, taken in turn as the loader does
+        # the epoch again, in this process: each worker's stream, taken in turn as the loader does
+        dataset.set_epoch(epoch)
         streams = [[key for key, _ in dataset.iterate(worker, 2)] for worker in range(2)]
-        expected = [key for pair in itertools.zip_longest(*streams) for key in pair if key is not None]
+        expected = [
+            key for pair in itertools.zip_longest(*streams) for key in pair if key is not None
+        ]
         assert keys == expected, f"epoch {epoch}"
         assert sorted(keys) == all_keys
     assert epochs[0] != epochs[1] != epochs[2]
 
 
-# --- shuffling -------------------------------------------------------------------------------------
+# --- shuffling ------------------------------------------------------------------------------------
 
 
 def order(urls, seed=0, epoch=0, **kwargs):
@@ -210,11 +259,12 @@ def test_the_shuffle_buffer_is_a_permutation(size, count):
         assert out == list(range(count))
 
 
-# --- decoding, batching, equalising ------------------------------------------------------------------
+# --- decoding, batching, equalising ---------------------------------------------------------------
 
 
 def test_a_shard_is_freed_before_the_next_is_read(urls, monkeypatch):
-    """Two shards alive at once would make every read pay page faults for memory the last one just gave back."""
+    """Two shards alive at once would make every read pay page faults for memory the last one just
+    gave back."""
     alive, alive_at_each_read = set(), []
 
     class Tracked(bytes):
@@ -235,7 +285,9 @@ def test_a_shard_is_freed_before_the_next_is_read(urls, monkeypatch):
 
 def test_samples_decode_to_the_source_pixels_and_labels(urls, tiny_dataset):
     manifest = {s["key"]: s for s in imagefolder.load_manifest(tiny_dataset)["samples"]}
-    dataset = ShardDataset(urls, keys=("jpg", "cls", "__key__"), transform=lambda image: image.flip(-1))
+    dataset = ShardDataset(
+        urls, keys=("jpg", "cls", "__key__"), transform=lambda image: image.flip(-1)
+    )
     for image, label, key in dataset:
         source = decode_image((tiny_dataset / manifest[key]["path"]).read_bytes())
         assert label == manifest[key]["label"] and torch.equal(image, source.flip(-1))
@@ -252,7 +304,9 @@ def test_equalize_gives_every_rank_the_same_count_without_duplicates(urls, num_w
     for epoch in range(3):
         per_rank = []
         for rank in range(2):
-            dataset = ShardDataset(urls, rank=rank, world_size=2, equalize=True, keys=KEYS, decode=False)
+            dataset = ShardDataset(
+                urls, rank=rank, world_size=2, equalize=True, keys=KEYS, decode=False
+            )
             dataset.set_epoch(epoch)
             per_rank.append(keys_of(dataset, num_workers))
             assert len(per_rank[-1]) == len(dataset)
@@ -263,7 +317,7 @@ def test_equalize_gives_every_rank_the_same_count_without_duplicates(urls, num_w
         assert not set(per_rank[0]) & set(per_rank[1])
 
 
-# --- over HTTP -------------------------------------------------------------------------------------
+# --- over HTTP ------------------------------------------------------------------------------------
 
 
 def test_urls_from_the_store_cost_one_get_per_shard(shard_dir, urls, all_keys):
@@ -277,10 +331,14 @@ def test_a_url_that_404s_names_the_url(shard_dir, urls):
     with NetworkStore(shard_dir, latency=0) as store:
         missing = store.url_for("train-999999.tar")
         with pytest.raises(FileNotFoundError, match="train-999999.tar.*404"):
-            list(ShardDataset([store.url_for("train-000000.tar"), missing], shuffle=False, decode=False))
+            list(
+                ShardDataset(
+                    [store.url_for("train-000000.tar"), missing], shuffle=False, decode=False
+                )
+            )
 
 
-# --- webdataset, both ways -------------------------------------------------------------------------
+# --- webdataset, both ways ------------------------------------------------------------------------
 
 
 def test_webdataset_reads_our_shards(urls, all_keys, tiny_dataset):
@@ -294,15 +352,22 @@ def test_we_read_shards_written_by_webdataset(tiny_dataset, tmp_path, all_keys):
     manifest = imagefolder.load_manifest(tiny_dataset)
     with webdataset.ShardWriter(str(tmp_path / "wds-%02d.tar"), maxcount=25, verbose=0) as writer:
         for s in manifest["samples"]:
-            writer.write({"__key__": s["key"], "jpg": (tiny_dataset / s["path"]).read_bytes(), "cls": s["label"]})
+            writer.write(
+                {
+                    "__key__": s["key"],
+                    "jpg": (tiny_dataset / s["path"]).read_bytes(),
+                    "cls": s["label"],
+                }
+            )
     shards = sorted(str(p) for p in tmp_path.glob("wds-*.tar"))
     with tarfile.open(shards[0]) as tar:
-        assert tar.pax_headers or any(m.pax_headers for m in tar.getmembers())  # the case worth testing
+        # the case worth testing
+        assert tar.pax_headers or any(m.pax_headers for m in tar.getmembers())
     got = {key: label for image, label, key in ShardDataset(shards, keys=("jpg", "cls", "__key__"))}
     assert got == {s["key"]: s["label"] for s in manifest["samples"]}
 
 
-# --- the fast reader -------------------------------------------------------------------------------
+# --- the fast reader ------------------------------------------------------------------------------
 
 
 def make_tar(tar_format, names):
@@ -323,12 +388,20 @@ LONG = "deep/" * 30 + "000001.jpg"
 PREFIXED = "folder/" + "x" * 95 + ".jpg"
 
 
-@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize(
+    "tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]
+)
 def test_scan_buffer_agrees_with_tarfile(tar_format):
-    names = ["000000.jpg", "000000.cls", "ünï.cls", PREFIXED] + ([LONG] if tar_format != tarfile.USTAR_FORMAT else [])
+    names = ["000000.jpg", "000000.cls", "ünï.cls", PREFIXED] + (
+        [LONG] if tar_format != tarfile.USTAR_FORMAT else []
+    )
     archive = make_tar(tar_format, names)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        expected = [(m.name, archive[m.offset_data:m.offset_data + m.size]) for m in tar.getmembers() if m.isfile()]
+        expected = [
+            (m.name, archive[m.offset_data : m.offset_data + m.size])
+            for m in tar.getmembers()
+            if m.isfile()
+        ]
     assert list(tarscan.iter_buffer(archive, "t.tar")) == expected
 
 
@@ -362,16 +435,19 @@ def test_checksum_fields_in_other_spellings_are_read():
     archive = bytearray(buffer.getvalue())
     expected = list(tarscan.iter_buffer(bytes(archive), "t.tar"))
     for offset in (0, 1024, 2048, 3072):  # every member here fits in one block
-        header = archive[offset:offset + 512]
+        header = archive[offset : offset + 512]
         checksum = sum(header[:148]) + 8 * ord(" ") + sum(header[156:])
-        archive[offset + 148:offset + 156] = f"{checksum:07o}\x00".encode()  # 7 digits and a NUL, as some tars have
+        # 7 digits and a NUL, as some tars have
+        archive[offset + 148 : offset + 156] = f"{checksum:07o}\x00".encode()
     assert tarscan.scan_plain(bytes(archive), "t.tar") is not None
     assert list(tarscan.iter_buffer(bytes(archive), "t.tar")) == expected
 
 
 @pytest.mark.parametrize("width", [3, 8, 12])
 def test_has_duplicates_compares_whole_rows(width):
-    rows = np.frombuffer(b"".join(f"{i:0{width}d}".encode() for i in (5, 17, 3)), np.uint8).reshape(3, width)
+    rows = np.frombuffer(b"".join(f"{i:0{width}d}".encode() for i in (5, 17, 3)), np.uint8).reshape(
+        3, width
+    )
     assert not plaingroup.has_duplicates(rows)
     assert plaingroup.has_duplicates(np.concatenate([rows, rows[1:2]]))
 
@@ -389,7 +465,9 @@ def test_the_fast_path_leaves_a_duplicate_key_to_the_general_path(key_length):
 
     first, second = (f"{i:0{key_length}d}" for i in (1, 2))
     assert list(plaingroup.plain_tuples(archive([first, second]), "t.tar", ("__key__", "cls"))) == [
-        (first, first.encode()), (second, second.encode())]
+        (first, first.encode()),
+        (second, second.encode()),
+    ]
     repeated = archive([first, second, first])
     assert tarscan.scan_plain(repeated, "t.tar") is not None
     assert plaingroup.plain_tuples(repeated, "t.tar", ("jpg", "cls")) is None
@@ -404,47 +482,92 @@ def test_a_truncated_buffer_is_caught_in_the_fast_path(cut):
         tarscan.scan_buffer(archive[:cut], "t.tar")
 
 
-# --- bad input -------------------------------------------------------------------------------------
+# --- bad input ------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def jpeg(tiny_dataset):
-    return (tiny_dataset / imagefolder.load_manifest(tiny_dataset)["samples"][0]["path"]).read_bytes()
+    return (
+        tiny_dataset / imagefolder.load_manifest(tiny_dataset)["samples"][0]["path"]
+    ).read_bytes()
 
 
 @pytest.fixture
 def bad_shards(tmp_path, urls, jpeg, write_tar):
     truncated = tmp_path / "truncated.tar"
-    truncated.write_bytes(open(urls[0], "rb").read()[:5000])
+    truncated.write_bytes(Path(urls[0]).read_bytes()[:5000])
     return {
         "truncated": (str(truncated), tario.TarFormatError, r"truncated\.tar is truncated"),
-        "missing label": (write_tar(tmp_path / "nolabel.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg)]),
-                          ShardError, r"nolabel\.tar: sample 'b' has no '\.cls' member"),
-        "duplicate key": (write_tar(tmp_path / "dup.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg),
-                                                          ("b.cls", b"2"), ("a.jpg", jpeg), ("a.cls", b"1")]),
-                          ShardError, r"dup\.tar: duplicate key 'a'"),
-        "duplicate member": (write_tar(tmp_path / "dupm.tar", [("a.jpg", jpeg), ("a.jpg", jpeg), ("a.cls", b"1")]),
-                             ShardError, r"dupm\.tar: duplicate member 'a\.jpg'"),
+        "missing label": (
+            write_tar(
+                tmp_path / "nolabel.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg)]
+            ),
+            ShardError,
+            r"nolabel\.tar: sample 'b' has no '\.cls' member",
+        ),
+        "duplicate key": (
+            write_tar(
+                tmp_path / "dup.tar",
+                [
+                    ("a.jpg", jpeg),
+                    ("a.cls", b"1"),
+                    ("b.jpg", jpeg),
+                    ("b.cls", b"2"),
+                    ("a.jpg", jpeg),
+                    ("a.cls", b"1"),
+                ],
+            ),
+            ShardError,
+            r"dup\.tar: duplicate key 'a'",
+        ),
+        "duplicate member": (
+            write_tar(tmp_path / "dupm.tar", [("a.jpg", jpeg), ("a.jpg", jpeg), ("a.cls", b"1")]),
+            ShardError,
+            r"dupm\.tar: duplicate member 'a\.jpg'",
+        ),
         "missing file": (str(tmp_path / "nothere.tar"), FileNotFoundError, "nothere.tar"),
-        "not an image": (write_tar(tmp_path / "notimage.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", b"oops"),
-                                                              ("b.cls", b"2")]),
-                         ShardError, r"notimage\.tar: cannot decode sample 'b'"),
+        "not an image": (
+            write_tar(
+                tmp_path / "notimage.tar",
+                [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", b"oops"), ("b.cls", b"2")],
+            ),
+            ShardError,
+            r"notimage\.tar: cannot decode sample 'b'",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["truncated", "missing label", "duplicate key", "duplicate member", "missing file",
-                                  "not an image"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "truncated",
+        "missing label",
+        "duplicate key",
+        "duplicate member",
+        "missing file",
+        "not an image",
+    ],
+)
 def test_bad_input_raises_an_error_naming_the_shard(bad_shards, case):
     shard, error, message = bad_shards[case]
     with pytest.raises(error, match=message):
         list(ShardDataset([shard], decode=case == "not an image"))
 
 
-@pytest.mark.parametrize("case, shards, samples", [
-    ("truncated", 1, 0), ("missing label", 0, 1), ("duplicate key", 0, 1), ("duplicate member", 0, 1),
-    ("missing file", 1, 0), ("not an image", 0, 1),
-])
-def test_skipping_counts_what_was_left_out_and_reports_it(bad_shards, urls, all_keys, case, shards, samples):
+@pytest.mark.parametrize(
+    "case, shards, samples",
+    [
+        ("truncated", 1, 0),
+        ("missing label", 0, 1),
+        ("duplicate key", 0, 1),
+        ("duplicate member", 0, 1),
+        ("missing file", 1, 0),
+        ("not an image", 0, 1),
+    ],
+)
+def test_skipping_counts_what_was_left_out_and_reports_it(
+    bad_shards, urls, all_keys, case, shards, samples
+):
     shard = bad_shards[case][0]
     keys = ("__key__", "jpg", "cls") if case == "not an image" else ("__key__", "cls")
     dataset = ShardDataset([*urls, shard], keys=keys, decode=case == "not an image", errors="skip")
@@ -455,14 +578,18 @@ def test_skipping_counts_what_was_left_out_and_reports_it(bad_shards, urls, all_
 
 
 def test_len_and_list_count_an_unreadable_shard_as_empty_when_skipping(bad_shards, urls, all_keys):
-    dataset = ShardDataset([*urls, bad_shards["truncated"][0]], keys=("__key__", "cls"), decode=False, errors="skip")
+    dataset = ShardDataset(
+        [*urls, bad_shards["truncated"][0]], keys=("__key__", "cls"), decode=False, errors="skip"
+    )
     assert len(dataset) == len(all_keys)
     with pytest.warns(UserWarning, match="skipped 1 shard"):
         assert sorted(key for key, _ in list(dataset)) == all_keys  # list() asks for len() first
 
 
 def test_the_transform_applies_to_the_image_wherever_it_is_in_the_keys(urls):
-    label, image = next(iter(ShardDataset(urls, keys=("cls", "jpg"), transform=lambda image: "transformed")))
+    label, image = next(
+        iter(ShardDataset(urls, keys=("cls", "jpg"), transform=lambda image: "transformed"))
+    )
     assert isinstance(label, int) and image == "transformed"
 
 

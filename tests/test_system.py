@@ -7,8 +7,10 @@ import pytest
 from packdata import system
 
 
-@pytest.mark.parametrize("cpu_max, cores", [("max 100000\n", None), ("200000 100000\n", 2), ("150000 100000\n", 2),
-                                            ("50000 100000\n", 1)])
+@pytest.mark.parametrize(
+    "cpu_max, cores",
+    [("max 100000\n", None), ("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1)],
+)
 def test_a_cgroup_v2_quota_counts_in_whole_cores(tmp_path, cpu_max, cores):
     (tmp_path / "cpu.max").write_text(cpu_max)
     assert system.cgroup_cpu_quota(tmp_path) == cores

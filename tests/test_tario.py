@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import webdataset
 
-from packdata import tarindex, tario
+from packdata import tarindex
 from packdata.datasets import IndexedTarDataset
 from packdata.packing import pack_tar
 from packdata.tarindex import StaleIndexError, build_index, index_members, index_path, load_index
@@ -17,7 +17,8 @@ from packdata.tarscan import iter_buffer, scan_buffer
 
 LONG_NAME = "deep/" * 30 + "sample.jpg"  # 160 characters: more than ustar's 100-byte name field
 MTIME = 1_700_000_000.25  # pax keeps the fraction; ustar and GNU headers hold whole seconds
-NAMES = ["a.txt", "folder/" + "x" * 90 + ".jpg", LONG_NAME, "ünïcode.cls", "last.bin"]  # the 2nd needs a prefix
+# the 2nd needs a prefix
+NAMES = ["a.txt", "folder/" + "x" * 90 + ".jpg", LONG_NAME, "ünïcode.cls", "last.bin"]
 
 
 class Stream(io.RawIOBase):
@@ -34,7 +35,8 @@ class Stream(io.RawIOBase):
 
 
 def named_members(names=NAMES):
-    """Members of ``names`` (contents derived from each name, owners and times set) plus a symlink."""
+    """Members of ``names`` (contents derived from each name, owners and times set) plus a
+    symlink."""
     members = []
     for index, name in enumerate(names):
         info = tarfile.TarInfo(name)
@@ -47,18 +49,49 @@ def named_members(names=NAMES):
 
 def as_tarfile_sees_it(path):
     with tarfile.open(path) as tar:
-        return [(i.name, i.size, i.mode, i.mtime, i.type.decode(), i.linkname, i.uid, i.gid, i.uname, i.gname,
-                 i.offset_data) for i in tar.getmembers()]
+        return [
+            (
+                i.name,
+                i.size,
+                i.mode,
+                i.mtime,
+                i.type.decode(),
+                i.linkname,
+                i.uid,
+                i.gid,
+                i.uname,
+                i.gname,
+                i.offset_data,
+            )
+            for i in tar.getmembers()
+        ]
 
 
 def as_we_see_it(fileobj, name=None):
-    return [(h.name, h.size, h.mode, h.mtime, h.typeflag, h.linkname, h.uid, h.gid, h.uname, h.gname, offset)
-            for h, offset in iter_members(fileobj, name)]
+    return [
+        (
+            h.name,
+            h.size,
+            h.mode,
+            h.mtime,
+            h.typeflag,
+            h.linkname,
+            h.uid,
+            h.gid,
+            h.uname,
+            h.gname,
+            offset,
+        )
+        for h, offset in iter_members(fileobj, name)
+    ]
 
 
-@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize(
+    "tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]
+)
 def test_headers_agree_with_tarfile(tmp_path, tar_format, write_tar):
-    names = NAMES if tar_format != tarfile.USTAR_FORMAT else [n for n in NAMES if n != LONG_NAME]  # ustar: no room
+    # ustar: no room
+    names = NAMES if tar_format != tarfile.USTAR_FORMAT else [n for n in NAMES if n != LONG_NAME]
     path = Path(write_tar(tmp_path / "t.tar", named_members(names), tar_format))
     with path.open("rb") as file:
         assert as_we_see_it(file) == as_tarfile_sees_it(path)
@@ -94,19 +127,28 @@ def test_a_webdataset_shard_is_read_like_tarfile_reads_it(tmp_path):
     pattern = str(tmp_path / "shard-%06d.tar")
     with webdataset.ShardWriter(pattern, maxcount=1000, verbose=0) as writer:
         for index in range(5):
-            writer.write({"__key__": f"{index:06d}", "jpg": bytes([index]) * (100 + index), "cls": index % 3})
+            writer.write(
+                {"__key__": f"{index:06d}", "jpg": bytes([index]) * (100 + index), "cls": index % 3}
+            )
     path = tmp_path / "shard-000000.tar"
     with path.open("rb") as file:
         headers = as_we_see_it(file)
     assert headers == as_tarfile_sees_it(path)
-    assert [name for name, *_ in headers][:4] == ["000000.cls", "000000.jpg", "000001.cls", "000001.jpg"]
+    assert [name for name, *_ in headers][:4] == [
+        "000000.cls",
+        "000000.jpg",
+        "000001.cls",
+        "000001.jpg",
+    ]
     assert b" mtime=" in path.read_bytes()  # webdataset's float mtimes went into pax headers
 
 
 def test_parse_header_verifies_the_checksum_and_names_archive_and_offset(tmp_path, write_tar):
-    path = Path(write_tar(tmp_path / "t.tar", named_members(["a.txt", "b.txt"]), tarfile.USTAR_FORMAT))
+    path = Path(
+        write_tar(tmp_path / "t.tar", named_members(["a.txt", "b.txt"]), tarfile.USTAR_FORMAT)
+    )
     second = as_tarfile_sees_it(path)[1][-1] - BLOCK
-    block = bytearray(path.read_bytes()[second:second + BLOCK])
+    block = bytearray(path.read_bytes()[second : second + BLOCK])
     assert parse_header(bytes(block), "t.tar", second).name == "b.txt"
     block[0] ^= 1
     with pytest.raises(TarFormatError, match=f"t.tar: bad header checksum at offset {second}"):
@@ -119,23 +161,42 @@ def test_parse_header_verifies_the_checksum_and_names_archive_and_offset(tmp_pat
 def test_garbage_is_not_a_tar(tmp_path):
     path = tmp_path / "garbage.tar"
     path.write_bytes(os.urandom(4 * BLOCK))
-    with path.open("rb") as file, pytest.raises(TarFormatError, match=f"{path}: bad header checksum at offset 0"):
+    with (
+        path.open("rb") as file,
+        pytest.raises(TarFormatError, match=f"{path}: bad header checksum at offset 0"),
+    ):
         list(iter_members(file))
 
 
-@pytest.mark.parametrize("cut, expected", [
-    (lambda offsets: offsets[2] + 3, r"member 'ünïcode.cls' at offset \d+ needs 26 bytes, only 3 are left"),
-    (lambda offsets: offsets[2] - BLOCK + 100,
-     r"the header at offset \d+ \(after member 'folder/x+\.jpg'\) needs 512 bytes, only 100 are left"),
-    (lambda offsets: offsets[-1] + 2 * BLOCK,  # no end-of-archive block after the last member, the symlink
-     r"the header at offset \d+ \(after member 'link-to-a'\) needs 512 bytes, only 0 are left"),
-])
+@pytest.mark.parametrize(
+    "cut, expected",
+    [
+        (
+            lambda offsets: offsets[2] + 3,
+            r"member 'ünïcode.cls' at offset \d+ needs 26 bytes, only 3 are left",
+        ),
+        (
+            lambda offsets: offsets[2] - BLOCK + 100,
+            r"the header at offset \d+ \(after member 'folder/x+\.jpg'\) needs 512 bytes, only 100 "
+            r"are left",
+        ),
+        (
+            lambda offsets: (
+                offsets[-1] + 2 * BLOCK
+            ),  # no end-of-archive block after the last member, the symlink
+            r"the header at offset \d+ \(after member 'link-to-a'\) needs 512 bytes, "
+            r"only 0 are left",
+        ),
+    ],
+)
 @pytest.mark.parametrize("seekable", [True, False])
-def test_a_truncated_tar_names_the_archive_and_the_member(tmp_path, cut, expected, seekable, write_tar):
+def test_a_truncated_tar_names_the_archive_and_the_member(
+    tmp_path, cut, expected, seekable, write_tar
+):
     names = [n for n in NAMES if n != LONG_NAME]
     path = Path(write_tar(tmp_path / "t.tar", named_members(names), tarfile.USTAR_FORMAT))
     offsets = [row[-1] for row in as_tarfile_sees_it(path) if row[0] in names]
-    data = path.read_bytes()[:cut(offsets)]
+    data = path.read_bytes()[: cut(offsets)]
     path.write_bytes(data)
     fileobj = path.open("rb") if seekable else Stream(data)
     with fileobj, pytest.raises(TarFormatError, match=f"{path} is truncated: {expected}"):
@@ -149,16 +210,25 @@ def test_index_offsets_point_at_each_members_data(tmp_path, write_tar):
     with tarfile.open(path) as tar:
         expected = {i.name: tar.extractfile(i).read() for i in tar.getmembers() if i.isfile()}
     assert list(index) == list(expected)
-    assert {name: blob[offset:offset + size] for name, (offset, size) in index.items()} == expected
+    assert {
+        name: blob[offset : offset + size] for name, (offset, size) in index.items()
+    } == expected
     stored = json.loads(index_path(path).read_text())
-    assert (stored["tar_size"], stored["tar_mtime_ns"]) == (path.stat().st_size, path.stat().st_mtime_ns)
+    assert (stored["tar_size"], stored["tar_mtime_ns"]) == (
+        path.stat().st_size,
+        path.stat().st_mtime_ns,
+    )
     assert index_path(path).name == "t.tar.idx.json"
 
 
-def test_load_index_uses_a_current_index_and_rebuilds_a_stale_one(tmp_path, tiny_dataset, monkeypatch):
+def test_load_index_uses_a_current_index_and_rebuilds_a_stale_one(
+    tmp_path, tiny_dataset, monkeypatch
+):
     path = pack_tar(tiny_dataset, tmp_path / "t.tar", progress=False)
     built = build_index(path)
-    monkeypatch.setattr(tarindex, "build_index", lambda _: pytest.fail("a current index was rebuilt"))
+    monkeypatch.setattr(
+        tarindex, "build_index", lambda _: pytest.fail("a current index was rebuilt")
+    )
     assert load_index(path, rebuild=False) == load_index(path) == built
     monkeypatch.undo()
 
@@ -181,7 +251,8 @@ def test_a_touched_tar_makes_its_index_stale(tmp_path, write_tar):
 def test_a_folder_that_refuses_the_index_file_keeps_it_in_memory(tmp_path, monkeypatch, write_tar):
     path = Path(write_tar(tmp_path / "t.tar", named_members(["a.txt"]), tarfile.USTAR_FORMAT))
 
-    def refused(target):  # what mkstemp meets in a read-only folder (root ignores permissions, so it is staged)
+    # what mkstemp meets in a read-only folder (root ignores permissions, so it is staged)
+    def refused(target):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(tarindex, "written_atomically", refused)
@@ -206,7 +277,10 @@ def test_a_malformed_pax_header_names_archive_and_offset(tmp_path):
         pax.type, pax.size = tarfile.XHDTYPE, 9
         tar.addfile(pax, io.BytesIO(b"3 path=x\n"))  # the record claims 3 bytes but runs to 9
         tar.addfile(tarfile.TarInfo("a.txt"))
-    with path.open("rb") as file, pytest.raises(TarFormatError, match=f"{path}: malformed pax header at offset 0"):
+    with (
+        path.open("rb") as file,
+        pytest.raises(TarFormatError, match=f"{path}: malformed pax header at offset 0"),
+    ):
         list(iter_members(file))
 
 
@@ -222,28 +296,53 @@ def write_pax_tar(path, records, names=("a.jpg", "b.jpg")):
 
 def read_file(path):
     with path.open("rb") as file:
-        return list(itertools.islice(iter_members(file), 10))  # a walk going round in circles stops at 10 members
+        # a walk going round in circles stops at 10 members
+        return list(itertools.islice(iter_members(file), 10))
 
 
 READERS = {
     "buffer": lambda path: scan_buffer(path.read_bytes(), str(path)),
     "file": read_file,
-    "stream": lambda path: list(itertools.islice(iter_members(Stream(path.read_bytes()), str(path)), 10)),
+    "stream": lambda path: list(
+        itertools.islice(iter_members(Stream(path.read_bytes()), str(path)), 10)
+    ),
 }
 
 
-@pytest.mark.parametrize("size, reader", [(-512, "buffer"), (-512, "file"), (-512, "stream"),
-                                          (-1536, "file"), (-1536, "stream")])  # -1536, "buffer": a hang if broken
+@pytest.mark.parametrize(
+    "size, reader",
+    [
+        (-512, "buffer"),
+        (-512, "file"),
+        (-512, "stream"),
+        # -1536, "buffer": a hang if broken
+        (-1536, "file"),
+        (-1536, "stream"),
+    ],
+)
 def test_a_negative_size_is_refused_not_walked_backwards(tmp_path, size, reader):
-    path = write_pax_tar(tmp_path / "t.tar", {"size": str(size)})  # the pax header at 0, a.jpg's header at 1024
-    with pytest.raises(TarFormatError, match=fr"{path}: member 'a.jpg' at offset 1024 has a negative size \({size}\)"):
+    # the pax header at 0, a.jpg's header at 1024
+    path = write_pax_tar(tmp_path / "t.tar", {"size": str(size)})
+    with pytest.raises(
+        TarFormatError,
+        match=rf"{path}: member 'a.jpg' at offset 1024 has a negative size \({size}\)",
+    ):
         READERS[reader](path)
 
 
-@pytest.mark.parametrize("records, expected", [
-    ({"size": "abc"}, r"bad pax record size='abc' in the header at offset 0: invalid literal for int"),
-    ({"mtime": "soon"}, r"bad pax record mtime='soon' in the header at offset 0: could not convert"),
-])
+@pytest.mark.parametrize(
+    "records, expected",
+    [
+        (
+            {"size": "abc"},
+            r"bad pax record size='abc' in the header at offset 0: invalid literal for int",
+        ),
+        (
+            {"mtime": "soon"},
+            r"bad pax record mtime='soon' in the header at offset 0: could not convert",
+        ),
+    ],
+)
 @pytest.mark.parametrize("reader", READERS)
 def test_a_bad_pax_value_names_archive_and_offset(tmp_path, records, expected, reader):
     path = write_pax_tar(tmp_path / "t.tar", records)
@@ -261,14 +360,18 @@ def test_a_pax_key_that_is_not_utf8_names_archive_and_offset(tmp_path):
         tar.addfile(pax, io.BytesIO(record))
         tar.addfile(tarfile.TarInfo("a.txt"))
     for reader in READERS.values():
-        with pytest.raises(TarFormatError, match=f"{path}: malformed pax header at offset 0: 'utf-8' codec"):
+        with pytest.raises(
+            TarFormatError, match=f"{path}: malformed pax header at offset 0: 'utf-8' codec"
+        ):
             reader(path)
 
 
 def test_indexing_refuses_a_member_name_seen_twice(tmp_path, write_tar):
     names = ["a.jpg", "a.cls", "b.jpg", "b.cls", "a.jpg", "a.cls"]
     path = Path(write_tar(tmp_path / "t.tar", [(name, b"1") for name in names]))
-    with pytest.raises(TarFormatError, match=f"{path}: duplicate member 'a.jpg', at offsets 0 and 4096"):
+    with pytest.raises(
+        TarFormatError, match=f"{path}: duplicate member 'a.jpg', at offsets 0 and 4096"
+    ):
         build_index(path)
     with pytest.raises(TarFormatError, match="duplicate member 'a.jpg'"), path.open("rb") as file:
         index_members(file)
@@ -278,13 +381,16 @@ def test_indexing_refuses_a_member_name_seen_twice(tmp_path, write_tar):
 
 def test_a_label_that_is_not_a_number_names_the_archive_and_member(tmp_path, write_tar):
     path = write_tar(tmp_path / "t.tar", [("a.jpg", b"not decoded yet"), ("a.cls", b"cat")])
-    with pytest.raises(ValueError, match=f"member 'a.cls' of {path} holds b'cat', not an integer label"):
+    with pytest.raises(
+        ValueError, match=f"member 'a.cls' of {path} holds b'cat', not an integer label"
+    ):
         IndexedTarDataset(path)
 
 
 @pytest.mark.parametrize("reader", READERS)
 def test_a_size_past_any_end_is_a_truncated_tar_even_from_a_stream(tmp_path, reader):
-    path = write_pax_tar(tmp_path / "t.tar", {"size": str(10**30)})  # a stream reads up to its end, then says so
+    # a stream reads up to its end, then says so
+    path = write_pax_tar(tmp_path / "t.tar", {"size": str(10**30)})
     expected = f"{path} is truncated: member 'a.jpg' at offset 1024 needs {10**30} bytes"
     with pytest.raises(TarFormatError, match=expected):
         READERS[reader](path)

@@ -1,4 +1,5 @@
-"""The training helpers, and scripts/train.py under torchrun: ranks split the shards and run the same steps."""
+"""The training helpers, and scripts/train.py under torchrun: ranks split the shards and run the
+same steps."""
 
 import json
 import subprocess
@@ -18,7 +19,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
 @pytest.fixture(scope="module")
 def shard_paths(tiny_dataset, tmp_path_factory):
-    written = shardwrite.write_shards(tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=11, progress=False)
+    written = shardwrite.write_shards(
+        tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=11, progress=False
+    )
     return [str(info.path) for info in written]  # 60 samples: five shards of 11 and one of 5
 
 
@@ -34,7 +37,8 @@ def test_training_fits_a_small_set_of_shards(shard_paths):
     loader = DataLoader(ShardDataset(shard_paths, shuffle=False), batch_size=20)
     losses = [train_epoch(model, loader, optimizer, torch.device("cpu"))[0] for _ in range(12)]
     assert losses[-1] < losses[0] / 2
-    assert evaluate(model, loader, torch.device("cpu")) > 0.3  # the training set itself: chance is 0.1
+    # the training set itself: chance is 0.1
+    assert evaluate(model, loader, torch.device("cpu")) > 0.3
 
 
 def test_evaluating_on_no_samples_says_so():
@@ -51,16 +55,40 @@ def test_steps_and_samples_are_counted_and_capped(shard_paths):
 
 
 def test_torchrun_splits_shards_per_rank_with_equal_steps(shard_paths, tmp_path):
-    train, test = shard_paths[:5], shard_paths[5]  # five training shards: three for one rank, two for the other
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
-               *train, "--test", test, "--epochs", "2", "--batch-size", "8", "--workers", "2", "--buffer", "10",
-               "--report", str(tmp_path)]
+    # five training shards: three for one rank, two for the other
+    train, test = shard_paths[:5], shard_paths[5]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(SCRIPT),
+        *train,
+        "--test",
+        test,
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--workers",
+        "2",
+        "--buffer",
+        "10",
+        "--report",
+        str(tmp_path),
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rank 0: test accuracy" in run.stdout
     reports = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
-    assert reports[0]["steps"] == reports[1]["steps"] == [2, 2]  # 22 samples on the smaller rank: 2 whole batches
-    keys_by_shard = {key: shard for shard in train for key in (s["__key__"] for s in shardread.iter_shard_samples([shard]))}
+    # 22 samples on the smaller rank: 2 whole batches
+    assert reports[0]["steps"] == reports[1]["steps"] == [2, 2]
+    keys_by_shard = {
+        key: shard
+        for shard in train
+        for key in (s["__key__"] for s in shardread.iter_shard_samples([shard]))
+    }
     for epoch in range(2):
         seen = [reports[rank]["keys"][epoch] for rank in (0, 1)]
         assert len(seen[0]) == len(seen[1]) == 2 * 8

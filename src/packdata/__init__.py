@@ -1,28 +1,53 @@
 """packdata: the helper package behind the course *Feeding PyTorch from packed and sharded data*.
 
-One module per idea, in the order the course meets them:
+One module per idea, listed from the lowest layer up: a module imports only from its own layer and
+the layers listed before it (``tests/test_architecture.py`` holds the package to that).
 
-- ``data``      — generate the offline synthetic dataset; export real datasets to the same layout
-- ``packing``   — pack a dataset folder into one ZIP or tar, deterministically, raw or encoded payloads
-- ``tario``     — read tar headers by hand (pax and GNU records too), index a tar, scan a shard in memory
-- ``datasets``  — PyTorch datasets over folders, archives and shards
-- ``handles``   — one file handle per process for DataLoader workers; an audit of what workers read
-- ``store``     — an emulated network store (HTTP with latency) and a dataset service with its client, on loopback
-- ``shards``    — write, split, join and inspect tar shards (webdataset layout)
-- ``streaming`` — stream shards: exactly once per epoch across ranks and workers, shuffled twice
-- ``remote``    — upload datasets per object or as shards, stage them locally, map over shards
-- ``s3``        — an S3-protocol server on loopback (moto); boto3 and s3fs found by one endpoint setting
-- ``train``     — a small CNN and its train/evaluate loop, for the notebook and ``scripts/train.py``
-- ``bench``     — measure a DataLoader configuration, count every sample
-- ``storage``   — page-cache eviction, filesystem overhead, published storage figures
-- ``costmodel`` — time ≈ requests × latency / concurrency + bytes / bandwidth, fitted and plotted
-- ``system``    — versions, cores and accelerator of this machine
-- ``exercises`` — generate exercise notebooks from solutions
-- ``checks``    — the auto-checks that exercises call
-- ``slides``    — build offline reveal.js decks from the lessons
-- ``schedule``  — time every lesson and write the instructor guide's schedule
-- ``hub``       — JupyterLab settings that open the ``.md`` lessons as notebooks
-- ``cli``       — the ``packdata`` command
+Bytes and processes
+- ``atomic``      — files and folders that appear under their name only once complete
+- ``perprocess``  — state of one process: file handles, connections, a function in a pool's workers
+- ``httpclient``  — keep-alive HTTP client, a seekable file over Range GETs, file versions (ETags)
+- ``images``      — JPEG encode, decode with PIL or torchvision, raw ``.npy`` pixels, payloads
+
+Tar
+- ``tario``       — tar headers by hand: read (pax and GNU extensions too) and write
+- ``tarindex``    — a tar's member index, stored next to it, rebuilt when stale
+- ``tarscan``     — a whole shard in memory, every header checked at once with numpy
+
+Data on disk
+- ``imagefolder`` — the dataset folder: ImageFolder layout and a manifest with every SHA-256
+- ``synthetic``   — the offline synthetic dataset, generated deterministically
+- ``export``      — your own images or a torchvision dataset, into the same layout
+- ``samples``     — where samples come from when something writes them: one source per input kind
+
+Packed and sharded
+- ``packing``     — pack a dataset folder into one ZIP or tar, raw or encoded payloads
+- ``layout``      — the webdataset layout: members into samples, shard lists
+- ``plaingroup``  — group a plain shard's members into samples with numpy
+- ``shardread``   — read shards whole as samples; count and describe them
+- ``shardwrite``  — write, split and join shards, atomically as a set
+- ``mapshards``   — map a function over every sample of every shard, a shard per task
+
+Reading for training
+- ``datasets``    — map-style datasets over folders, ZIPs and indexed tars, local or over HTTP
+- ``streaming``   — stream shards: exactly once per epoch across ranks and workers, shuffled twice
+- ``audit``       — what DataLoader workers really read, checked against the manifest
+- ``bench``       — measure a DataLoader configuration, count every sample
+- ``train``       — a small CNN and its train/evaluate loop, for the lessons and
+  ``scripts/train.py``
+
+Storage and servers
+- ``disks``       — page-cache eviction, per-file overhead, published storage figures
+- ``costmodel``   — time ≈ requests × latency / concurrency + bytes / bandwidth, fitted and plotted
+- ``netstore``    — an emulated network store: HTTP on loopback with latency and a bandwidth cap
+- ``service``     — a dataset service (JSON API, uploads) on the same server, and its client
+- ``transfer``    — upload datasets per object or as shards; stage shards to local scratch
+- ``s3``          — an S3-protocol server on loopback (moto); boto3 and s3fs by one endpoint setting
+- ``system``      — versions, cores and accelerator of this machine
+- ``cli``         — the ``packdata`` command
+
+The course's own tooling (exercises, checks, slides, schedule, Lab settings) is the subpackage
+``packdata.course``, installed with the ``course`` extra.
 """
 
 __version__ = "0.1.0"

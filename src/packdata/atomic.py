@@ -19,7 +19,8 @@ from pathlib import Path
 
 @contextmanager
 def written_atomically(path):
-    """Yield a binary file that becomes ``path`` only when the block succeeds; otherwise nothing is left."""
+    """Yield a binary file that becomes ``path`` only when the block succeeds; otherwise nothing is
+    left."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
@@ -29,8 +30,10 @@ def written_atomically(path):
         with os.fdopen(handle, "wb") as file:
             yield file
             file.flush()
-            os.fsync(file.fileno())  # on disk before the rename: after a crash the name never holds a partial file
-        os.chmod(temporary, 0o644)  # mkstemp makes it private; an archive should be readable like any file
+            # on disk before the rename: after a crash the name never holds a partial file
+            os.fsync(file.fileno())
+        # mkstemp makes it private; an archive should be readable like any file
+        os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
@@ -39,8 +42,8 @@ def written_atomically(path):
 
 @contextmanager
 def replaced_folder(target):
-    """Yield an empty sibling of ``target`` that replaces it (a folder, or nothing yet) only if the block
-    succeeds. The caller decides beforehand whether ``target`` may be replaced."""
+    """Yield an empty sibling of ``target`` that replaces it (a folder, or nothing yet) only if the
+    block succeeds. The caller decides beforehand whether ``target`` may be replaced."""
     target = Path(os.path.abspath(target))  # so that "." or "x/.." have a real name and parent
     if target.exists() and not target.is_dir():
         raise FileExistsError(f"{target} exists and is not a folder")
@@ -50,7 +53,8 @@ def replaced_folder(target):
     except PermissionError as err:
         raise PermissionError(f"cannot write to {target}: {err.strerror}") from err
     try:
-        staging.chmod(0o755)  # mkdtemp makes it private; a dataset should be readable like any folder
+        # mkdtemp makes it private; a dataset should be readable like any folder
+        staging.chmod(0o755)
         yield staging
         if target.exists():
             retired = staging.with_name(staging.name + "-old")

@@ -63,10 +63,12 @@ class BenchResult:
 
     @property
     def steady_samples_per_s(self):
-        """Samples/s in a typical epoch after the first (the median of the others), leaving out starting the
-        workers and filling caches; needs ``epochs >= 2``."""
+        """Samples/s in a typical epoch after the first (the median of the others), leaving out
+        starting the workers and filling caches; needs ``epochs >= 2``."""
         if self.epochs < 2:
-            raise ValueError(f"{self.label}: a steady rate needs at least 2 epochs, got {self.epochs}")
+            raise ValueError(
+                f"{self.label}: a steady rate needs at least 2 epochs, got {self.epochs}"
+            )
         return self.samples / self.epochs / statistics.median(self.epoch_seconds[1:])
 
     @property
@@ -99,7 +101,8 @@ class ResultsTable:
         rows = list(self.rows())
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
         lines = (
-            [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
+            [row[0].ljust(widths[0])]
+            + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
             for row in rows
         )  # the label left-aligned, numbers right-aligned
         return "\n".join("  ".join(line) for line in lines)
@@ -124,17 +127,21 @@ def results_table(results):
 
 
 def too_short_to_judge(results, at_least=JUDGE_SECONDS):
-    """Why ``results`` cannot be compared, when an epoch of any of them took under ``at_least`` seconds (then a
-    stray process or a page-cache hiccup decides the ratio), else None. Lessons put it before their verdicts."""
+    """Why ``results`` cannot be compared, when an epoch of any of them took under ``at_least``
+    seconds (then a stray process or a page-cache hiccup decides the ratio), else None. Lessons put
+    it before their verdicts."""
     shortest = min(min(result.epoch_seconds) for result in results)
     if shortest >= at_least:
         return None
-    return (f"too short to judge: an epoch took {shortest * 1e3:.0f} ms, under {at_least:g} s; "
-            "the workshop dataset (PACKDATA_SIZE=workshop) runs long enough")
+    return (
+        f"too short to judge: an epoch took {shortest * 1e3:.0f} ms, under {at_least:g} s; "
+        "the workshop dataset (PACKDATA_SIZE=workshop) runs long enough"
+    )
 
 
 def count_samples(batch):
-    """How many samples a collated batch holds: the length of its first field (or of the batch itself)."""
+    """How many samples a collated batch holds: the length of its first field (or of the batch
+    itself)."""
     if isinstance(batch, dict):
         batch = next(iter(batch.values()))
     elif isinstance(batch, (list, tuple)):
@@ -143,7 +150,8 @@ def count_samples(batch):
 
 
 def run_epoch(loader, bar):
-    """One pass over ``loader``: ``(samples seen, seconds to first batch, seconds for the epoch)``."""
+    """One pass over ``loader``: ``(samples seen, seconds to first batch, seconds for the
+    epoch)``."""
     started = time.perf_counter()
     seen, first_batch_s = 0, None
     for batch in loader:
@@ -156,40 +164,62 @@ def run_epoch(loader, bar):
     return seen, (epoch_s if first_batch_s is None else first_batch_s), epoch_s
 
 
-def benchmark(dataset, *, batch_size=64, num_workers=0, epochs=1, warmup_epochs=0, shuffle=True, label=None,
-              progress=True, bytes_per_epoch=None, **loader_kwargs):
+def benchmark(
+    dataset,
+    *,
+    batch_size=64,
+    num_workers=0,
+    epochs=1,
+    warmup_epochs=0,
+    shuffle=True,
+    label=None,
+    progress=True,
+    bytes_per_epoch=None,
+    **loader_kwargs,
+):
     """Run ``epochs`` full passes of a ``DataLoader`` over ``dataset`` and return a ``BenchResult``.
 
-    ``warmup_epochs`` untimed passes come first, on the same loader: caches fill, connections open, and with
-    ``persistent_workers=True`` the workers are already running when the timed epochs start. Their samples
-    are counted too, but not reported. ``loader_kwargs`` go to the ``DataLoader`` (e.g.
-    ``multiprocessing_context="spawn"``, ``prefetch_factor``); workers are started afresh each epoch unless
-    ``persistent_workers=True`` is passed. ``shuffle`` applies to map-style datasets; an iterable dataset
-    shuffles itself. The byte count for MB/s comes from ``bytes_per_epoch`` or else from
-    ``dataset.sample_bytes`` when the dataset has it.
+    ``warmup_epochs`` untimed passes come first, on the same loader: caches fill, connections open,
+    and with ``persistent_workers=True`` the workers are already running when the timed epochs
+    start. Their samples are counted too, but not reported. ``loader_kwargs`` go to the
+    ``DataLoader`` (e.g. ``multiprocessing_context="spawn"``, ``prefetch_factor``); workers are
+    started afresh each epoch unless ``persistent_workers=True`` is passed. ``shuffle`` applies to
+    map-style datasets; an iterable dataset shuffles itself. The byte count for MB/s comes from
+    ``bytes_per_epoch`` or else from ``dataset.sample_bytes`` when the dataset has it.
     """
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     try:
         expected = len(dataset)
     except TypeError:
-        raise TypeError(f"{type(dataset).__name__} has no __len__: the benchmark needs it to check every sample"
-                        " arrived") from None
+        raise TypeError(
+            f"{type(dataset).__name__} has no __len__: the benchmark needs it to check every sample"
+            " arrived"
+        ) from None
     if bytes_per_epoch is None and hasattr(dataset, "sample_bytes"):
         bytes_per_epoch = sum(dataset.sample_bytes)
     label = label or f"{type(dataset).__name__}, {num_workers} workers"
     shuffle = shuffle and not isinstance(dataset, IterableDataset)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers,
-                        **{"persistent_workers": False, **loader_kwargs})
-    result = BenchResult(label, batch_size, num_workers, epochs, samples=0, bytes_per_epoch=bytes_per_epoch)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        num_workers=num_workers,
+        **{"persistent_workers": False, **loader_kwargs},
+    )
+    result = BenchResult(
+        label, batch_size, num_workers, epochs, samples=0, bytes_per_epoch=bytes_per_epoch
+    )
     total = expected * (warmup_epochs + epochs)
     with tqdm(total=total, desc=label, unit="img", disable=not progress, leave=False) as bar:
         for epoch in range(warmup_epochs + epochs):
             seen, first_batch_s, epoch_s = run_epoch(loader, bar)
             if seen != expected:
                 raise SampleCountError(
-                    f"{label}: epoch {epoch + 1} delivered {seen} samples but len(dataset) is {expected}; "
-                    "check __len__, drop_last, the sampler, or how an iterable dataset splits work between workers"
+                    f"{label}: epoch {epoch + 1} delivered {seen} samples but len(dataset) is "
+                    f"{expected}; "
+                    "check __len__, drop_last, the sampler, or how an iterable dataset splits work "
+                    "between workers"
                 )
             if epoch < warmup_epochs:
                 continue

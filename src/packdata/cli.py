@@ -64,9 +64,17 @@ def _shards(args):
         for sample in islice(shardread.iter_shard_samples(args.shards), args.count):
             print(shardread.format_sample(sample))
     else:
-        written = (shardwrite.split_tar(args.shards[0], args.out_dir, prefix=args.prefix, maxcount=args.maxcount,
-                                    maxsize=args.maxsize) if args.action == "split" else
-                   [shardwrite.cat_shards(args.shards, args.output)])
+        written = (
+            shardwrite.split_tar(
+                args.shards[0],
+                args.out_dir,
+                prefix=args.prefix,
+                maxcount=args.maxcount,
+                maxsize=args.maxsize,
+            )
+            if args.action == "split"
+            else [shardwrite.cat_shards(args.shards, args.output)]
+        )
         for info in written:
             print(f"{info.path}\t{info.samples} samples\t{info.bytes:,} bytes")
 
@@ -74,9 +82,14 @@ def _shards(args):
 def _serve(args):
     from . import service
 
-    service.serve(args.root, latency=args.latency / 1000, bandwidth=args.bandwidth * 1e6 if args.bandwidth else None,
-                host=args.host, port=args.port,
-                max_upload=int(args.max_upload * 1e6) if args.max_upload else service.MAX_UPLOAD)
+    service.serve(
+        args.root,
+        latency=args.latency / 1000,
+        bandwidth=args.bandwidth * 1e6 if args.bandwidth else None,
+        host=args.host,
+        port=args.port,
+        max_upload=int(args.max_upload * 1e6) if args.max_upload else service.MAX_UPLOAD,
+    )
 
 
 def build_parser():
@@ -84,13 +97,24 @@ def build_parser():
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     p = verbs.add_parser("make-data", help="generate the synthetic image dataset")
-    p.add_argument("--root", type=Path, default=None, help="target folder (default: data/synthetic-SIZE)")
-    p.add_argument("--size", default=None, help="'small', 'workshop' or a number of images (default: $PACKDATA_SIZE or workshop)")
+    p.add_argument(
+        "--root", type=Path, default=None, help="target folder (default: data/synthetic-SIZE)"
+    )
+    p.add_argument(
+        "--size",
+        default=None,
+        help="'small', 'workshop' or a number of images (default: $PACKDATA_SIZE or workshop)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force", action="store_true", help="regenerate even if a matching dataset exists")
+    p.add_argument(
+        "--force", action="store_true", help="regenerate even if a matching dataset exists"
+    )
     p.set_defaults(run=_make_data)
 
-    p = verbs.add_parser("export", help="copy an image folder (ImageFolder layout) into the course layout with a manifest")
+    p = verbs.add_parser(
+        "export",
+        help="copy an image folder (ImageFolder layout) into the course layout with a manifest",
+    )
     p.add_argument("source", type=Path)
     p.add_argument("target", type=Path)
     p.set_defaults(run=_export)
@@ -98,23 +122,43 @@ def build_parser():
     p = verbs.add_parser("exercises", help="generate exercises/ from solutions/")
     p.add_argument("--solutions", type=Path, default=Path("solutions"))
     p.add_argument("--exercises", type=Path, default=Path("exercises"))
-    p.add_argument("--check", action="store_true", help="fail when exercises/ differs from what solutions/ generates")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="fail when exercises/ differs from what solutions/ generates",
+    )
     p.set_defaults(run=_exercises)
 
-    p = verbs.add_parser("schedule", help="time every lesson here and write the schedule into the instructor guide")
+    p = verbs.add_parser(
+        "schedule", help="time every lesson here and write the schedule into the instructor guide"
+    )
     p.add_argument("--guide", default="INSTRUCTORS.md")
     p.set_defaults(run=_schedule)
 
-    p = verbs.add_parser("lab-settings", help="make JupyterLab open the lessons' .md files as notebooks")
-    p.add_argument("--prefix", type=Path, default=None, help="Jupyter's prefix (default: this Python's sys.prefix)")
+    p = verbs.add_parser(
+        "lab-settings", help="make JupyterLab open the lessons' .md files as notebooks"
+    )
+    p.add_argument(
+        "--prefix",
+        type=Path,
+        default=None,
+        help="Jupyter's prefix (default: this Python's sys.prefix)",
+    )
     p.set_defaults(run=_lab_settings)
 
     p = verbs.add_parser("slides", help="build offline reveal.js decks from the lessons")
     p.add_argument("--notebooks", type=Path, default=Path("notebooks"))
     p.add_argument("--out", type=Path, default=Path("build/slides"))
-    p.add_argument("--no-execute", dest="execute", action="store_false", help="convert without running the code cells")
+    p.add_argument(
+        "--no-execute",
+        dest="execute",
+        action="store_false",
+        help="convert without running the code cells",
+    )
     p.set_defaults(run=_slides)
-    p = verbs.add_parser("shards", help="list, show, split and concatenate tar shards (webdataset layout)")
+    p = verbs.add_parser(
+        "shards", help="list, show, split and concatenate tar shards (webdataset layout)"
+    )
     actions = p.add_subparsers(dest="action", required=True)
     q = actions.add_parser("list", help="samples, members and bytes of each shard")
     q.add_argument("shards", nargs="+", help="shard paths, URLs or brace patterns (quote them)")
@@ -132,13 +176,22 @@ def build_parser():
     q.add_argument("shards", nargs="+")
     q.add_argument("-o", "--output", type=Path, required=True)
     p.set_defaults(run=_shards)
-    p = verbs.add_parser("serve", help="run the dataset store service (lesson 5) on ROOT until Ctrl-C")
+    p = verbs.add_parser(
+        "serve", help="run the dataset store service (lesson 5) on ROOT until Ctrl-C"
+    )
     p.add_argument("root", type=Path, help="folder that holds the datasets (created if missing)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
     p.add_argument("--latency", type=float, default=0.0, help="emulated latency per request, in ms")
-    p.add_argument("--bandwidth", type=float, default=None, help="emulated bandwidth cap per transfer, in MB/s")
-    p.add_argument("--max-upload", type=float, default=None, help="largest upload accepted, in MB (default: 1 GiB)")
+    p.add_argument(
+        "--bandwidth", type=float, default=None, help="emulated bandwidth cap per transfer, in MB/s"
+    )
+    p.add_argument(
+        "--max-upload",
+        type=float,
+        default=None,
+        help="largest upload accepted, in MB (default: 1 GiB)",
+    )
     p.set_defaults(run=_serve)
     return parser
 

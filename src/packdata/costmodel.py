@@ -1,10 +1,12 @@
-"""The cost model behind every lesson: ``time ≈ requests × latency / concurrency + bytes / bandwidth``.
+"""The cost model behind every lesson: ``time ≈ requests × latency / concurrency + bytes /
+bandwidth``.
 
 ``latency`` is seconds per request, ``concurrency`` is how many requests wait at the same time, and
 ``bandwidth`` is the bytes/s that all requests in flight move together. Where the cap applies per
-connection, each response paced on its own (the emulated ``NetworkStore``, an object store's per-connection
-rate), ``concurrency`` connections together move ``concurrency ×`` that cap, up to what the link carries:
-pass that total. With one request at a time the two are the same. All functions accept numpy arrays.
+connection, each response paced on its own (the emulated ``NetworkStore``, an object store's
+per-connection rate), ``concurrency`` connections together move ``concurrency ×`` that cap, up to
+what the link carries: pass that total. With one request at a time the two are the same. All
+functions accept numpy arrays.
 """
 
 import math
@@ -25,9 +27,9 @@ def throughput(file_size, latency, bandwidth, concurrency=1):
 def workers_needed(target_rate, latency, seconds_per_sample=0.0):
     """How many workers, each fetching one sample at a time, reach ``target_rate`` samples/s.
 
-    One worker spends ``latency`` waiting plus ``seconds_per_sample`` working per sample, so it delivers
-    ``1 / (latency + seconds_per_sample)`` samples/s. Waiting overlaps across workers; working does only
-    while there are free cores, so the answer is a lower bound on a busy machine.
+    One worker spends ``latency`` waiting plus ``seconds_per_sample`` working per sample, so it
+    delivers ``1 / (latency + seconds_per_sample)`` samples/s. Waiting overlaps across workers;
+    working does only while there are free cores, so the answer is a lower bound on a busy machine.
     """
     if target_rate <= 0:
         raise ValueError(f"target_rate must be positive, got {target_rate}")
@@ -35,7 +37,8 @@ def workers_needed(target_rate, latency, seconds_per_sample=0.0):
 
 
 def fit_cost_model(measurements):
-    """``(latency, bandwidth)`` fitted by least squares to ``(requests, bytes, seconds)`` measurements.
+    """``(latency, bandwidth)`` fitted by least squares to ``(requests, bytes, seconds)``
+    measurements.
 
     The latency is per request as seen by the caller, i.e. already divided by any concurrency.
     """
@@ -44,7 +47,9 @@ def fit_cost_model(measurements):
         raise ValueError("need at least two (requests, bytes, seconds) measurements")
     (latency, seconds_per_byte), *_ = np.linalg.lstsq(points[:, :2], points[:, 2], rcond=None)
     if seconds_per_byte <= 0:
-        raise ValueError("the fit found no bandwidth limit: vary the byte counts more between measurements")
+        raise ValueError(
+            "the fit found no bandwidth limit: vary the byte counts more between measurements"
+        )
     return float(latency), float(1 / seconds_per_byte)
 
 
@@ -69,7 +74,9 @@ def plot_throughput_vs_size(storage_types, measured_points=None, ax=None, effici
         _, ax = plt.subplots()
     sizes = np.logspace(2, 10, 200)  # 100 B to 10 GB
     for storage in storage_types:
-        (line,) = ax.loglog(sizes, throughput(sizes, storage.latency, storage.bandwidth), label=storage.name)
+        (line,) = ax.loglog(
+            sizes, throughput(sizes, storage.latency, storage.bandwidth), label=storage.name
+        )
         knee = size_for_efficiency(storage.latency, storage.bandwidth, efficiency)
         ax.plot(knee, efficiency * storage.bandwidth, "o", color=line.get_color())
     if measured_points is not None:

@@ -1,5 +1,5 @@
-"""PyTorch datasets over encoded images: one file per sample on disk, one GET per sample over HTTP, or
-members of one packed archive (ZIP or tar, see ``packing``) on disk or over HTTP Range requests.
+"""PyTorch datasets over encoded images: one file per sample on disk, one GET per sample over HTTP,
+or members of one packed archive (ZIP or tar, see ``packing``) on disk or over HTTP Range requests.
 
 Every dataset here reads a sample's raw bytes with ``read_bytes(index)`` and hands them to the
 same ``decode_image``, so formats differ only in *how the bytes arrive*, never in how they decode.
@@ -23,12 +23,12 @@ from .tarindex import INDEX_SUFFIX, current_members, index_members, load_index
 from .tario import TarFormatError
 
 
-
 class EncodedImageDataset(Dataset):
-    """Map-style dataset of JPEG samples; a subclass says where the bytes come from in ``read_bytes``.
+    """Map-style dataset of JPEG samples; a subclass says where the bytes come from in
+    ``read_bytes``.
 
-    Items are ``(image, label)``: the image is a ``uint8`` CHW tensor, passed through ``transform`` if given.
-    ``sample_bytes`` holds each sample's encoded size, so a benchmark can report MB/s.
+    Items are ``(image, label)``: the image is a ``uint8`` CHW tensor, passed through ``transform``
+    if given. ``sample_bytes`` holds each sample's encoded size, so a benchmark can report MB/s.
     """
 
     def __init__(self, classes, rows, transform=None, decoder="pil"):
@@ -47,8 +47,11 @@ class EncodedImageDataset(Dataset):
         data = self.read_bytes(index)
         try:
             image = decode_image(data, self.decoder)
-        except (OSError, ValueError, RuntimeError) as error:  # how PIL, numpy and torchvision say "not an image"
-            raise ValueError(f"cannot decode {self.describe(index)} as an image: {error}") from error
+        # how PIL, numpy and torchvision say "not an image"
+        except (OSError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"cannot decode {self.describe(index)} as an image: {error}"
+            ) from error
         if self.transform is not None:
             image = self.transform(image)
         return image, self.labels[index]
@@ -63,7 +66,8 @@ class EncodedImageDataset(Dataset):
 
 
 class FolderDataset(EncodedImageDataset):
-    """One JPEG file per sample under ``root/<class>/``; order and labels from ``manifest.json`` when present."""
+    """One JPEG file per sample under ``root/<class>/``; order and labels from ``manifest.json``
+    when present."""
 
     def __init__(self, root, transform=None, decoder="pil"):
         self.root = Path(root)
@@ -113,48 +117,60 @@ def labels_by_key(manifest):
 
 
 def rows_from_members(archive, sizes, labels, labels_from):
-    """Rows ``(member, label, bytes)`` of every sample member (an ``IMAGE_FIELDS`` extension) in name order, given
-    ``sizes`` (member → bytes) and ``labels`` (key → label); a sample without a label raises ``LookupError``."""
+    """Rows ``(member, label, bytes)`` of every sample member (an ``IMAGE_FIELDS`` extension) in
+    name order, given ``sizes`` (member → bytes) and ``labels`` (key → label); a sample without a
+    label raises ``LookupError``."""
     rows = []
     for name, size in sorted(sizes.items()):
         key, extension = split_member(name)
         if extension.lower() not in IMAGE_FIELDS:
             continue
         if key not in labels:
-            raise LookupError(f"{member_of(archive, name)} has no label: nothing for key {key!r} in {labels_from}")
+            raise LookupError(
+                f"{member_of(archive, name)} has no label: nothing for key {key!r} in {labels_from}"
+            )
         rows.append((name, labels[key], size))
     return rows
 
 
 def open_zip(archive):
-    """A ``zipfile.ZipFile`` of ``archive`` (a path or an ``http://`` URL); a file that is not a readable ZIP
-    raises ``BadZipFile`` naming it."""
+    """A ``zipfile.ZipFile`` of ``archive`` (a path or an ``http://`` URL); a file that is not a
+    readable ZIP raises ``BadZipFile`` naming it."""
     try:
         return zipfile.ZipFile(HttpRangeFile(archive) if is_url(archive) else archive)
     except zipfile.BadZipFile as error:
-        raise zipfile.BadZipFile(f"{archive} is not a readable ZIP (corrupt or truncated): {error}") from error
+        raise zipfile.BadZipFile(
+            f"{archive} is not a readable ZIP (corrupt or truncated): {error}"
+        ) from error
 
 
 class ZipDataset(EncodedImageDataset):
-    """The samples of a ZIP written by ``pack_zip`` (a path or an ``http://`` URL), read at random through the
-    ZIP's central directory; classes and labels from its ``manifest.json`` member.
+    """The samples of a ZIP written by ``pack_zip`` (a path or an ``http://`` URL), read at random
+    through the ZIP's central directory; classes and labels from its ``manifest.json`` member.
 
-    Its one ZIP handle is opened in ``__init__``: fine without workers, broken with them (lesson 3 shows
-    how); ``WorkerSafeZipDataset`` is the fix.
+    Its one ZIP handle is opened in ``__init__``: fine without workers, broken with them (lesson 3
+    shows how); ``WorkerSafeZipDataset`` is the fix.
     """
 
     def __init__(self, archive, transform=None, decoder="pil"):
         self.archive = str(archive)
-        self.zip_file = open_zip(self.archive)  # one handle, opened here: DataLoader workers would share it
+        # one handle, opened here: DataLoader workers would share it
+        self.zip_file = open_zip(self.archive)
         super().__init__(*self._samples(), transform, decoder)
 
     def _samples(self):
         """``(classes, rows)`` from the ZIP's central directory and its manifest member."""
         sizes = {info.filename: info.file_size for info in self.zip_file.infolist()}
         if ZIP_MANIFEST not in sizes:
-            raise LookupError(f"{self.archive} has no {ZIP_MANIFEST} member: it was not written by pack_zip")
-        manifest = parse_archive_manifest(self.read_member(ZIP_MANIFEST), member_of(self.archive, ZIP_MANIFEST))
-        return manifest["classes"], rows_from_members(self.archive, sizes, labels_by_key(manifest), ZIP_MANIFEST)
+            raise LookupError(
+                f"{self.archive} has no {ZIP_MANIFEST} member: it was not written by pack_zip"
+            )
+        manifest = parse_archive_manifest(
+            self.read_member(ZIP_MANIFEST), member_of(self.archive, ZIP_MANIFEST)
+        )
+        return manifest["classes"], rows_from_members(
+            self.archive, sizes, labels_by_key(manifest), ZIP_MANIFEST
+        )
 
     def read_member(self, name):
         """The bytes of member ``name``, their CRC checked."""
@@ -171,14 +187,16 @@ class ZipDataset(EncodedImageDataset):
 
 
 class WorkerSafeZipDataset(ZipDataset):
-    """``ZipDataset`` that DataLoader workers can use under every start method: ``zip_file`` is the calling
-    process's own ``ZipFile``, opened there on first use (``handles.PerProcessHandle``), so a forked worker
-    never reads through its parent's, and pickling (``spawn``, ``forkserver``) carries only the path."""
+    """``ZipDataset`` that DataLoader workers can use under every start method: ``zip_file`` is the
+    calling process's own ``ZipFile``, opened there on first use (``handles.PerProcessHandle``), so
+    a forked worker never reads through its parent's, and pickling (``spawn``, ``forkserver``)
+    carries only the path."""
 
     def __init__(self, archive, transform=None, decoder="pil"):
         self.archive = str(archive)
         self._zip = PerProcessHandle(partial(open_zip, self.archive))
-        EncodedImageDataset.__init__(self, *self._samples(), transform, decoder)  # ZipDataset's would open a handle
+        # ZipDataset's would open a handle
+        EncodedImageDataset.__init__(self, *self._samples(), transform, decoder)
 
     @property
     def zip_file(self):
@@ -187,12 +205,14 @@ class WorkerSafeZipDataset(ZipDataset):
 
 
 def remote_tar_index(remote):
-    """The member index of the tar behind ``remote`` (an ``HttpRangeFile``): its ``<url>.idx.json`` when that
-    describes this version of the tar, else built by reading every header with range reads.
+    """The member index of the tar behind ``remote`` (an ``HttpRangeFile``): its ``<url>.idx.json``
+    when that describes this version of the tar, else built by reading every header with range
+    reads.
 
     The index records the size and mtime of the tar it was built from (``tario.build_index``); a
-    ``NetworkStore`` or ``DatasetService`` sends those in the tar's ``ETag`` (``store.file_etag``). An index
-    whose tar had another version is stale, as is every index from a server that sends no such ``ETag``.
+    ``NetworkStore`` or ``DatasetService`` sends those in the tar's ``ETag`` (``store.file_etag``).
+    An index whose tar had another version is stale, as is every index from a server that sends no
+    such ``ETag``.
     """
     try:
         stored = json.loads(remote.client.get(remote.relpath + INDEX_SUFFIX))
@@ -205,47 +225,64 @@ def remote_tar_index(remote):
 
 
 def open_version(path, size, mtime_ns):
-    """``path`` opened unbuffered for reading, when it is still the version of ``size`` bytes last modified at
-    ``mtime_ns``; else ``FileChangedError``."""
-    file = open(path, "rb", buffering=0)
+    """``path`` opened unbuffered for reading, when it is still the version of ``size`` bytes last
+    modified at ``mtime_ns``; else ``FileChangedError``."""
+    file = open(path, "rb", buffering=0)  # noqa: SIM115 (returned open: the caller closes it)
     stat = os.fstat(file.fileno())
     if (stat.st_size, stat.st_mtime_ns) != (size, mtime_ns):
         file.close()
-        raise FileChangedError(f"{path} changed after it was indexed (size or modification time differ): "
-                               "build the dataset anew")
+        raise FileChangedError(
+            f"{path} changed after it was indexed (size or modification time differ): "
+            "build the dataset anew"
+        )
     return file
 
 
 class IndexedTarDataset(EncodedImageDataset):
-    """The samples of a tar (``pack_tar``'s, or a webdataset shard; a path or an ``http://`` URL), read at random
-    through its member index: one ``pread`` per sample on disk, one Range GET over HTTP. Safe with DataLoader
-    workers under every start method: each process opens the tar itself (``handles.PerProcessHandle``).
+    """The samples of a tar (``pack_tar``'s, or a webdataset shard; a path or an ``http://`` URL),
+    read at random through its member index: one ``pread`` per sample on disk, one Range GET over
+    HTTP. Safe with DataLoader workers under every start method: each process opens the tar itself
+    (``handles.PerProcessHandle``).
 
-    A local tar's index is ``<tar>.idx.json``, rebuilt when stale (``tario.load_index``). Classes and labels
-    come from the ``__manifest__`` member when there is one, else from each sample's ``.cls`` member (one
-    read each; classes are then None).
+    A local tar's index is ``<tar>.idx.json``, rebuilt when stale (``tario.load_index``). Classes
+    and labels come from the ``__manifest__`` member when there is one, else from each sample's
+    ``.cls`` member (one read each; classes are then None).
     """
 
     def __init__(self, tar_path, transform=None, decoder="pil"):
         self.tar_path = str(tar_path)
         if is_url(self.tar_path):
             remote = HttpRangeFile(self.tar_path)
-            self.client, self.relpath, self.etag, self._tar = remote.client, remote.relpath, remote.etag, None
+            self.client, self.relpath, self.etag, self._tar = (
+                remote.client,
+                remote.relpath,
+                remote.etag,
+                None,
+            )
             self.members = remote_tar_index(remote)
         else:
             self.client = None
             version = os.stat(self.tar_path)
             self.members = load_index(self.tar_path)
             # each process opens its own, and checks it is the version that was indexed
-            self._tar = PerProcessHandle(partial(open_version, self.tar_path, version.st_size, version.st_mtime_ns))
+            self._tar = PerProcessHandle(
+                partial(open_version, self.tar_path, version.st_size, version.st_mtime_ns)
+            )
         classes, labels, labels_from = self._labels()
         sizes = {name: size for name, (_, size) in self.members.items()}
-        super().__init__(classes, rows_from_members(self.tar_path, sizes, labels, labels_from), transform, decoder)
+        super().__init__(
+            classes,
+            rows_from_members(self.tar_path, sizes, labels, labels_from),
+            transform,
+            decoder,
+        )
 
     def _labels(self):
         """``(classes, {key: label}, where the labels come from)``."""
         if TAR_MANIFEST in self.members:
-            manifest = parse_archive_manifest(self.read_member(TAR_MANIFEST), member_of(self.tar_path, TAR_MANIFEST))
+            manifest = parse_archive_manifest(
+                self.read_member(TAR_MANIFEST), member_of(self.tar_path, TAR_MANIFEST)
+            )
             return manifest["classes"], labels_by_key(manifest), TAR_MANIFEST
         labels = {}
         for name in self.members:
@@ -255,8 +292,10 @@ class IndexedTarDataset(EncodedImageDataset):
                 try:
                     labels[key] = int(text)
                 except ValueError:
-                    raise ValueError(f"{member_of(self.tar_path, name)} holds {text[:20]!r}, "
-                                     "not an integer label") from None
+                    raise ValueError(
+                        f"{member_of(self.tar_path, name)} holds {text[:20]!r}, "
+                        "not an integer label"
+                    ) from None
         return None, labels, "a .cls member"
 
     def read_member(self, name):
@@ -266,8 +305,10 @@ class IndexedTarDataset(EncodedImageDataset):
             return self.client.get_range(self.relpath, offset, size, self.etag)
         data = os.pread(self._tar.get().fileno(), size, offset)
         if len(data) != size:
-            raise TarFormatError(f"{member_of(self.tar_path, name)} is truncated: {len(data)} of {size} bytes "
-                                 "(the tar changed after it was indexed?)")
+            raise TarFormatError(
+                f"{member_of(self.tar_path, name)} is truncated: {len(data)} of {size} bytes "
+                "(the tar changed after it was indexed?)"
+            )
         return data
 
     def read_bytes(self, index):
@@ -278,8 +319,8 @@ class IndexedTarDataset(EncodedImageDataset):
 
 
 class EncodedObjects(HttpDataset):
-    """One GET per sample like ``HttpDataset``, but items stay ``(encoded bytes, label)``: the network's share
-    of the work alone, to compare with shards streamed undecoded."""
+    """One GET per sample like ``HttpDataset``, but items stay ``(encoded bytes, label)``: the
+    network's share of the work alone, to compare with shards streamed undecoded."""
 
     def __getitem__(self, index):
         return self.read_bytes(index), self.labels[index]

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 NOT_MEASURED = "published typical figure, not measured here"
 UNEVICTABLE = {  # filesystems whose files cannot be dropped from memory with posix_fadvise
-    "tmpfs": "which keeps files only in memory", "ramfs": "which keeps files only in memory",
+    "tmpfs": "which keeps files only in memory",
+    "ramfs": "which keeps files only in memory",
     "zfs": "whose own cache (the ARC) ignores the request",
 }
 
@@ -27,27 +28,54 @@ class StorageType:
     status: str = NOT_MEASURED
 
 
-# Published typical figures, NOT measured here: round numbers from vendor spec sheets and cloud provider docs,
-# for orientation only. The lessons measure the emulated store and the local disk themselves.
+# Published typical figures, NOT measured here: round numbers from vendor spec sheets and cloud
+# provider docs, for orientation only. The lessons measure the emulated store and the local disk
+# themselves.
 REFERENCE_STORAGE = (
-    StorageType("HDD (7,200 rpm)", 0.012, 150e6,
-                "~8 ms average seek + ~4.2 ms rotational delay (half a turn at 7,200 rpm); 150–200 MB/s sequential",
-                "hard-drive vendor spec sheets"),
-    StorageType("SATA SSD", 0.0001, 500e6, "~0.1 ms access, ~500 MB/s (the SATA III link caps it)",
-                "SSD vendor spec sheets"),
-    StorageType("NVMe SSD", 0.00008, 2e9,
-                "0.05–0.1 ms random read at queue depth 1 for NAND flash (~0.02 ms is Optane class), 2–3 GB/s",
-                "SSD vendor spec sheets"),
-    StorageType("network filesystem", 0.001, 1e9,
-                "0.5–2 ms per operation; bandwidth bounded by the link (~1 GB/s on 10 GbE)",
-                "NFS/SMB server and network vendor documentation"),
-    StorageType("object store (S3-class)", 0.05, 100e6, "20–100 ms to first byte per GET, ~100 MB/s per connection",
-                "cloud provider performance and pricing docs", usd_per_1000_requests=0.0004),
+    StorageType(
+        "HDD (7,200 rpm)",
+        0.012,
+        150e6,
+        "~8 ms average seek + ~4.2 ms rotational delay (half a turn at 7,200 rpm); 150–200 MB/s "
+        "sequential",
+        "hard-drive vendor spec sheets",
+    ),
+    StorageType(
+        "SATA SSD",
+        0.0001,
+        500e6,
+        "~0.1 ms access, ~500 MB/s (the SATA III link caps it)",
+        "SSD vendor spec sheets",
+    ),
+    StorageType(
+        "NVMe SSD",
+        0.00008,
+        2e9,
+        "0.05–0.1 ms random read at queue depth 1 for NAND flash (~0.02 ms is Optane class), 2–3 "
+        "GB/s",
+        "SSD vendor spec sheets",
+    ),
+    StorageType(
+        "network filesystem",
+        0.001,
+        1e9,
+        "0.5–2 ms per operation; bandwidth bounded by the link (~1 GB/s on 10 GbE)",
+        "NFS/SMB server and network vendor documentation",
+    ),
+    StorageType(
+        "object store (S3-class)",
+        0.05,
+        100e6,
+        "20–100 ms to first byte per GET, ~100 MB/s per connection",
+        "cloud provider performance and pricing docs",
+        usd_per_1000_requests=0.0004,
+    ),
 )
 
 
 def walk(root):
-    """Every entry under ``root`` (files, folders, links) as ``os.DirEntry``, without following links."""
+    """Every entry under ``root`` (files, folders, links) as ``os.DirEntry``, without following
+    links."""
     with os.scandir(root) as entries:
         for entry in entries:
             yield entry
@@ -67,8 +95,9 @@ def regular_files(paths):
 
 
 def filesystem_type(path):
-    """The type of the filesystem holding ``path`` (``"ext4"``, ``"tmpfs"``, …) from ``/proc/self/mounts``: the
-    mount point that contains it most closely. None where there is no such table (macOS, Windows)."""
+    """The type of the filesystem holding ``path`` (``"ext4"``, ``"tmpfs"``, …) from
+    ``/proc/self/mounts``: the mount point that contains it most closely. None where there is no
+    such table (macOS, Windows)."""
     path, best, kind = os.path.realpath(path), "", None
     try:
         with open("/proc/self/mounts", encoding="utf-8") as mounts:
@@ -84,22 +113,33 @@ def filesystem_type(path):
 
 
 def evict_from_page_cache(paths):
-    """Ask the kernel to drop ``paths`` (files, or folders to walk) from the page cache, so the next read
-    comes from the device. Needs no root. Returns False, with a warning, where that cannot work: no
-    ``posix_fadvise`` (macOS, Windows), or a filesystem that ignores the request (``UNEVICTABLE``)."""
+    """Ask the kernel to drop ``paths`` (files, or folders to walk) from the page cache, so the next
+    read comes from the device. Needs no root. Returns False, with a warning, where that cannot
+    work: no ``posix_fadvise`` (macOS, Windows), or a filesystem that ignores the request
+    (``UNEVICTABLE``)."""
     if not hasattr(os, "posix_fadvise"):
-        warnings.warn("os.posix_fadvise is not available on this platform (macOS, Windows): "
-                      "the page cache was not evicted, so the next reads may be served from memory", RuntimeWarning)
+        warnings.warn(
+            "os.posix_fadvise is not available on this platform (macOS, Windows): "
+            "the page cache was not evicted, so the next reads may be served from memory",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return False
     files = list(regular_files(paths))
     folders = {os.path.dirname(os.path.abspath(path)) for path in files}
     unevictable = sorted({filesystem_type(folder) for folder in folders} & set(UNEVICTABLE))
     if unevictable:
         kind = unevictable[0]
-        warnings.warn(f"these files are on {kind}, {UNEVICTABLE[kind]}: nothing was evicted, so the next reads are "
-                      "served from memory; put the data on a disk to measure cold reads", RuntimeWarning)
+        warnings.warn(
+            f"these files are on {kind}, {UNEVICTABLE[kind]}: nothing was evicted, so the next "
+            "reads are "
+            "served from memory; put the data on a disk to measure cold reads",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return False
-    os.sync()  # the kernel drops only clean pages: write out freshly written files first (one call for all)
+    # the kernel drops only clean pages: write out freshly written files first (one call for all)
+    os.sync()
     for path in files:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -112,8 +152,9 @@ def evict_from_page_cache(paths):
 def fs_overhead(root):
     """Counts and sizes under ``root``: what many small files cost beyond their bytes.
 
-    ``allocated_bytes`` is what the files occupy on disk (``st_blocks * 512``); for files smaller than a
-    block it usually exceeds ``apparent_bytes``, though compressing or inlining filesystems can differ.
+    ``allocated_bytes`` is what the files occupy on disk (``st_blocks * 512``); for files smaller
+    than a block it usually exceeds ``apparent_bytes``, though compressing or inlining filesystems
+    can differ.
     """
     files = directories = apparent = allocated = 0
     for entry in walk(root):
@@ -137,7 +178,8 @@ def fs_overhead(root):
 
 
 def time_listing(root):
-    """Seconds to list every entry under ``root`` with ``os.scandir`` (metadata only, no file contents)."""
+    """Seconds to list every entry under ``root`` with ``os.scandir`` (metadata only, no file
+    contents)."""
     started = time.perf_counter()
     for _ in walk(root):
         pass
@@ -145,7 +187,8 @@ def time_listing(root):
 
 
 def time_stat(root):
-    """Seconds to ``os.stat`` every file under ``root``: one metadata lookup per file, as opening each would need."""
+    """Seconds to ``os.stat`` every file under ``root``: one metadata lookup per file, as opening
+    each would need."""
     paths = list(regular_files(root))
     started = time.perf_counter()
     for path in paths:

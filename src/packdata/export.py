@@ -1,10 +1,11 @@
-"""Bring your own images: export an ``ImageFolder`` tree or a torchvision dataset into the course layout.
+"""Bring your own images: export an ``ImageFolder`` tree or a torchvision dataset into the course
+layout.
 
-    export_image_folder("~/photos", "data/photos")           # photos/<class>/<image>, any format PIL reads
-    export_torchvision(CIFAR10(root, download=False), "data/cifar10")
+    export_image_folder("~/photos", "data/photos")           # photos/<class>/<image>, any format
+    PIL reads export_torchvision(CIFAR10(root, download=False), "data/cifar10")
 
-The result is a dataset folder like the synthetic one (``imagefolder``): JPEGs under class folders and a
-manifest with every sample's SHA-256, so every lesson and tool of the course reads it.
+The result is a dataset folder like the synthetic one (``imagefolder``): JPEGs under class folders
+and a manifest with every sample's SHA-256, so every lesson and tool of the course reads it.
 """
 
 import io
@@ -19,7 +20,8 @@ from .samples import DatasetSamples
 
 
 def _folder_names(classes):
-    """Class names as folder names whose sorted order is label order (as ``ImageFolder`` expects)."""
+    """Class names as folder names whose sorted order is label order (as ``ImageFolder``
+    expects)."""
     names = [str(name) for name in classes]
     for name in names:
         if name in ("", ".", "..") or "/" in name or os.sep in name:
@@ -45,7 +47,9 @@ def export_image_folder(source, target, progress=True):
     source = Path(source)
     if not source.is_dir():
         raise FileNotFoundError(f"no folder at {source}")
-    readable = {extension for extension, kind in Image.registered_extensions().items() if kind in Image.OPEN}
+    readable = {
+        extension for extension, kind in Image.registered_extensions().items() if kind in Image.OPEN
+    }
     classes = sorted(entry.name for entry in source.iterdir() if entry.is_dir())
     files = [
         (label, path)
@@ -54,7 +58,9 @@ def export_image_folder(source, target, progress=True):
         if path.suffix.lower() in readable and path.is_file()
     ]
     if not files:
-        raise ValueError(f"{source} has no images in class folders (expected {source}/<class>/<image>)")
+        raise ValueError(
+            f"{source} has no images in class folders (expected {source}/<class>/<image>)"
+        )
     samples = ((label, _jpeg_bytes(path)) for label, path in files)
     return write_dataset(target, classes, samples, len(files), progress, "image-folder")
 
@@ -70,7 +76,9 @@ def export_torchvision(dataset, target, classes=None, progress=True):
         width = len(str(dataset.num_classes - 1))
         classes = [f"{label:0{width}d}" for label in range(dataset.num_classes)]
     if classes is None:
-        raise ValueError(f"{type(dataset).__name__} has no .classes or .num_classes: pass classes=[...]")
+        raise ValueError(
+            f"{type(dataset).__name__} has no .classes or .num_classes: pass classes=[...]"
+        )
     folders = _folder_names(classes)
 
     samples = DatasetSamples(dataset, num_classes=len(folders))

@@ -1,13 +1,14 @@
-"""The HTTP layer of the readers: a keep-alive client, a seekable file over Range requests, file versions.
+"""The HTTP layer of the readers: a keep-alive client, a seekable file over Range requests, file
+versions.
 
     client = HttpClient("http://127.0.0.1:8080/")
-    client.get("shapes/train-000000.tar")                  # the whole body; 404 is FileNotFoundError
-    client.get_range("shapes/train.tar", 512, 1024)        # one Range GET
+    client.get("shapes/train-000000.tar")                  # the whole body; 404 is
+    FileNotFoundError client.get_range("shapes/train.tar", 512, 1024)        # one Range GET
     zipfile.ZipFile(HttpRangeFile("http://127.0.0.1:8080/shapes/train.zip"))
 
-Every error names the request. A server that sends ``file_etag`` (both servers of the course do) lets a
-reader ask for the version of a file it indexed, so a file replaced meanwhile raises ``FileChangedError``
-instead of handing out bytes from the wrong offsets.
+Every error names the request. A server that sends ``file_etag`` (both servers of the course do)
+lets a reader ask for the version of a file it indexed, so a file replaced meanwhile raises
+``FileChangedError`` instead of handing out bytes from the wrong offsets.
 """
 
 import http.client
@@ -19,17 +20,21 @@ from http import HTTPStatus
 
 from .perprocess import PerProcessHandle
 
+
 def is_url(source):
     """True when ``source`` names something on an HTTP server rather than a local path."""
     return str(source).startswith("http://")
 
 
-IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE"})  # sending one twice does no more than once
+# sending one twice does no more than once
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 
 
 def describe_request(method, url, headers=None):
     """How error messages name a request: ``GET http://...``, and its ``Range`` when it has one."""
-    return " ".join([method, url, *[value for name, value in (headers or {}).items() if name == "Range"]])
+    return " ".join(
+        [method, url, *[value for name, value in (headers or {}).items() if name == "Range"]]
+    )
 
 
 class FileChangedError(OSError):
@@ -37,8 +42,9 @@ class FileChangedError(OSError):
 
 
 class HttpClient:
-    """Requests against one ``http://`` base URL over keep-alive connections: one per process and thread,
-    opened on first use. Pickles as plain data, so DataLoader workers (fork or spawn) each open their own."""
+    """Requests against one ``http://`` base URL over keep-alive connections: one per process and
+    thread, opened on first use. Pickles as plain data, so DataLoader workers (fork or spawn) each
+    open their own."""
 
     def __init__(self, base_url, timeout=30.0):
         parts = urllib.parse.urlsplit(base_url)
@@ -46,21 +52,23 @@ class HttpClient:
             raise ValueError(f"expected an http:// base URL, got {base_url!r}")
         self.base_url = base_url if base_url.endswith("/") else base_url + "/"
         self.timeout = timeout
-        self._local = PerProcessHandle(threading.local)  # this process's connections, one per thread
+        # this process's connections, one per thread
+        self._local = PerProcessHandle(threading.local)
 
     def url_for(self, relpath):
         """The URL of ``relpath`` under the base URL."""
         return self.base_url + urllib.parse.quote(relpath)
 
     def get(self, relpath):
-        """The body of one GET; errors name the URL and the HTTP status (404 is a ``FileNotFoundError``)."""
+        """The body of one GET; errors name the URL and the HTTP status (404 is a
+        ``FileNotFoundError``)."""
         return self._expect("GET", relpath, {}, HTTPStatus.OK)[1]
 
     def get_range(self, relpath, start, length, etag=None):
-        """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when length is 0).
-        With ``etag`` (the version the offsets were read from) the server refuses another version of the file:
-        ``FileChangedError`` instead of bytes from the wrong place. A weak ``W/`` ETag is not sent: ``If-Match``
-        compares strongly, so it would never match."""
+        """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when
+        length is 0). With ``etag`` (the version the offsets were read from) the server refuses
+        another version of the file: ``FileChangedError`` instead of bytes from the wrong place. A
+        weak ``W/`` ETag is not sent: ``If-Match`` compares strongly, so it would never match."""
         if length == 0:
             return b""
         headers = {"Range": f"bytes={start}-{start + length - 1}"}
@@ -68,73 +76,93 @@ class HttpClient:
             headers["If-Match"] = etag
         body = self._expect("GET", relpath, headers, HTTPStatus.PARTIAL_CONTENT)[1]
         if len(body) != length:
-            raise OSError(f"GET {self.url_for(relpath)} returned {len(body)} of the {length} bytes asked for "
-                          f"at offset {start}: the file is shorter than expected")
+            raise OSError(
+                f"GET {self.url_for(relpath)} returned {len(body)} of the {length} bytes asked for "
+                f"at offset {start}: the file is shorter than expected"
+            )
         return body
 
     def head(self, relpath):
-        """The response to one HEAD request: ``Content-Length``, ``ETag`` and the other headers of ``relpath``."""
+        """The response to one HEAD request: ``Content-Length``, ``ETag`` and the other headers of
+        ``relpath``."""
         return self._expect("HEAD", relpath, {}, HTTPStatus.OK)[0]
 
     def request(self, method, url, body=None, headers=None):
-        """``(response, body)`` of one request for ``url`` (under the base URL), whatever its status.
+        """``(response, body)`` of one request for ``url`` (under the base URL), whatever its
+        status.
 
-        A connection the server dropped (an idle keep-alive one, say) is reopened and the request sent once
-        more, but only when sending it twice cannot do more than once: an idempotent method whose body is
-        None or bytes. Any other request (a POST, or a body read from a file) goes out on a fresh connection
-        and is never repeated. A failure to talk to the server raises ``ConnectionError``, or ``TimeoutError``
-        after ``timeout`` s without an answer, naming the request.
+        A connection the server dropped (an idle keep-alive one, say) is reopened and the request
+        sent once more, but only when sending it twice cannot do more than once: an idempotent
+        method whose body is None or bytes. Any other request (a POST, or a body read from a file)
+        goes out on a fresh connection and is never repeated. A failure to talk to the server raises
+        ``ConnectionError``, or ``TimeoutError`` after ``timeout`` s without an answer, naming the
+        request.
         """
         repeatable = method in IDEMPOTENT_METHODS and (body is None or isinstance(body, bytes))
         connection = self.connection()
         if not repeatable:
-            connection.close()  # a kept-alive connection may be dropped under the request, which cannot be resent
+            # a kept-alive connection may be dropped under the request, which cannot be resent
+            connection.close()
         for attempt in (1, 2):
             try:
                 try:
-                    connection.request(method, urllib.parse.urlsplit(url).path, body=body, headers=headers or {})
+                    connection.request(
+                        method, urllib.parse.urlsplit(url).path, body=body, headers=headers or {}
+                    )
                 except ConnectionError:
                     if connection.sock is None:
                         raise  # no connection at all
-                    # else the server may have answered (a 413, say) and hung up while the body was still going out
+                    # else the server may have answered (a 413, say) and hung up while the body was
+                    # still going out
                 response = connection.getresponse()
                 return response, response.read()
             except (http.client.HTTPException, OSError) as error:
                 connection.close()
                 what = describe_request(method, url, headers)
                 if isinstance(error, TimeoutError):
-                    raise TimeoutError(f"{what} failed: no answer within {self.timeout} s") from error
+                    raise TimeoutError(
+                        f"{what} failed: no answer within {self.timeout} s"
+                    ) from error
                 if attempt == 2 or not repeatable:
                     raise ConnectionError(f"{what} failed: {error!r}") from error
 
     def _expect(self, method, relpath, headers, expected_status):
-        """``(response, body)`` of one request that must answer ``expected_status``; errors name the request."""
+        """``(response, body)`` of one request that must answer ``expected_status``; errors name the
+        request."""
         url = self.url_for(relpath)
         response, body = self.request(method, url, headers=headers)
         if response.status == HTTPStatus.PRECONDITION_FAILED and "If-Match" in headers:
-            raise FileChangedError(f"{url} changed after it was opened (it was version {headers['If-Match']}, it is "
-                                   f"now {response.getheader('ETag')}): open it again, e.g. build the dataset anew")
+            raise FileChangedError(
+                f"{url} changed after it was opened (it was version {headers['If-Match']}, it is "
+                f"now {response.getheader('ETag')}): open it again, e.g. build the dataset anew"
+            )
         if response.status != expected_status:
             kind = FileNotFoundError if response.status == HTTPStatus.NOT_FOUND else OSError
-            raise kind(f"{describe_request(method, url, headers)} failed: HTTP {response.status} {response.reason}")
+            raise kind(
+                f"{describe_request(method, url, headers)} failed: HTTP {response.status} "
+                f"{response.reason}"
+            )
         return response, body
 
     def connection(self):
-        """This process's and thread's connection to the server, opened on first use here (a forked child never
-        uses its parent's socket)."""
+        """This process's and thread's connection to the server, opened on first use here (a forked
+        child never uses its parent's socket)."""
         local = self._local.get()
         if not hasattr(local, "connection"):
             parts = urllib.parse.urlsplit(self.base_url)
-            local.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout)
+            local.connection = http.client.HTTPConnection(
+                parts.hostname, parts.port, timeout=self.timeout
+            )
         return local.connection
 
 
 class HttpRangeFile(io.RawIOBase):
-    """A read-only, seekable file over ``http://`` (e.g. an archive on a ``NetworkStore``), enough for
-    ``zipfile.ZipFile`` or ``tario.iter_members``. Opening it costs one HEAD (for the size); a read that the
-    buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes. ``etag`` is the server's
-    validator of the file's version, from the same HEAD (None when it sends none); every read asks for that
-    version (``If-Match``), so a file replaced meanwhile raises ``FileChangedError``."""
+    """A read-only, seekable file over ``http://`` (e.g. an archive on a ``NetworkStore``), enough
+    for ``zipfile.ZipFile`` or ``tario.iter_members``. Opening it costs one HEAD (for the size); a
+    read that the buffer cannot answer costs one Range GET of at least ``read_ahead`` bytes.
+    ``etag`` is the server's validator of the file's version, from the same HEAD (None when it sends
+    none); every read asks for that version (``If-Match``), so a file replaced meanwhile raises
+    ``FileChangedError``."""
 
     def __init__(self, url, read_ahead=64 * 1024, timeout=30.0):
         super().__init__()
@@ -158,7 +186,9 @@ class HttpRangeFile(io.RawIOBase):
         return self._position
 
     def seek(self, offset, whence=os.SEEK_SET):
-        position = offset + {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        position = (
+            offset + {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self.size}[whence]
+        )
         if position < 0:
             raise ValueError(f"cannot seek to {position}, before the start of {self.name}")
         self._position = position
@@ -172,12 +202,12 @@ class HttpRangeFile(io.RawIOBase):
             length = min(max(end - self._position, self.read_ahead), self.size - self._position)
             self._buffer = self.client.get_range(self.relpath, self._position, length, self.etag)
             self._buffer_start = self._position
-        data = self._buffer[self._position - self._buffer_start:end - self._buffer_start]
+        data = self._buffer[self._position - self._buffer_start : end - self._buffer_start]
         self._position = end
         return data
 
 
 def file_etag(size, mtime_ns):
-    """The ``ETag`` the servers send for a file of ``size`` bytes last modified at ``mtime_ns``: a new version of
-    the file, even one of the same size, gets another."""
+    """The ``ETag`` the servers send for a file of ``size`` bytes last modified at ``mtime_ns``: a
+    new version of the file, even one of the same size, gets another."""
     return f'"{size:x}-{mtime_ns:x}"'

@@ -1,9 +1,9 @@
 """The course's dataset folder: torchvision's ``ImageFolder`` layout with a manifest.
 
-Every dataset lives in ``root/<class>/<key>.jpg``, next to a ``manifest.json`` that lists each sample's
-key, path, label, size in bytes and SHA-256. Keys are zero-padded global indices. ``write_dataset``
-writes one (atomically: a failed run leaves the old folder as it was); the synthetic generator
-(``synthetic``) and the exporters (``export``) both call it.
+Every dataset lives in ``root/<class>/<key>.jpg``, next to a ``manifest.json`` that lists each
+sample's key, path, label, size in bytes and SHA-256. Keys are zero-padded global indices.
+``write_dataset`` writes one (atomically: a failed run leaves the old folder as it was); the
+synthetic generator (``synthetic``) and the exporters (``export``) both call it.
 """
 
 import hashlib
@@ -17,7 +17,6 @@ from tqdm import tqdm
 from .atomic import replaced_folder
 from .images import ENCODED_IMAGES
 
-
 FORMAT = "packdata-imagefolder"
 VERSION = 1
 
@@ -26,7 +25,8 @@ VERSION = 1
 
 
 def data_dir():
-    """``$PACKDATA_DATA_DIR``, else the repository's ``data/`` folder, else ``~/.cache/packdata``."""
+    """``$PACKDATA_DATA_DIR``, else the repository's ``data/`` folder, else
+    ``~/.cache/packdata``."""
     if os.environ.get("PACKDATA_DATA_DIR"):
         return Path(os.environ["PACKDATA_DATA_DIR"]).expanduser()
     repository_data = Path(__file__).resolve().parents[2] / "data"
@@ -39,15 +39,19 @@ def data_dir():
 
 
 def parse_versioned_json(data, where, format_name, version):
-    """Decode a JSON document that names its ``format`` and ``version``; errors name ``where`` it came from."""
+    """Decode a JSON document that names its ``format`` and ``version``; errors name ``where`` it
+    came from."""
     try:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{where} is not a {format_name} document: {err}") from err
     if not isinstance(document, dict) or document.get("format") != format_name:
-        raise ValueError(f"{where} is not a {format_name} document (no \"format\": \"{format_name}\")")
+        raise ValueError(f'{where} is not a {format_name} document (no "format": "{format_name}")')
     if document.get("version") != version:
-        raise ValueError(f"{where} has {format_name} version {document.get('version')!r}; this packdata reads {version}")
+        raise ValueError(
+            f"{where} has {format_name} version {document.get('version')!r}; this packdata reads "
+            f"{version}"
+        )
     return document
 
 
@@ -55,7 +59,9 @@ def load_manifest(root):
     """Read ``root/manifest.json``; fail clearly when it is missing or not a packdata manifest."""
     path = Path(root) / "manifest.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no dataset at {root}: {path} is missing (run 'packdata make-data')")
+        raise FileNotFoundError(
+            f"no dataset at {root}: {path} is missing (run 'packdata make-data')"
+        )
     return parse_versioned_json(path.read_bytes(), path, FORMAT, VERSION)
 
 
@@ -90,8 +96,9 @@ def is_dataset(root):
 
 
 def write_dataset(target, classes, samples, count, progress, source, seed=None, image_size=None):
-    """Write ``count`` ``(label, jpeg_bytes)`` pairs and their manifest into ``target``; return it. A folder
-    that is not empty and holds no packdata manifest is refused: it is not ours to replace."""
+    """Write ``count`` ``(label, jpeg_bytes)`` pairs and their manifest into ``target``; return it.
+    A folder that is not empty and holds no packdata manifest is refused: it is not ours to replace.
+    """
     target = Path(target)
     if target.is_dir() and any(target.iterdir()) and not is_dataset(target):
         raise FileExistsError(
@@ -109,7 +116,9 @@ def write_dataset(target, classes, samples, count, progress, source, seed=None, 
             path = f"{classes[label]}/{key}.jpg"
             (staging / path).write_bytes(jpeg)
             digest = hashlib.sha256(jpeg).hexdigest()
-            entries.append({"key": key, "path": path, "label": label, "bytes": len(jpeg), "sha256": digest})
+            entries.append(
+                {"key": key, "path": path, "label": label, "bytes": len(jpeg), "sha256": digest}
+            )
         manifest = {
             "format": FORMAT,
             "version": VERSION,
@@ -129,7 +138,8 @@ def write_dataset(target, classes, samples, count, progress, source, seed=None, 
 
 
 def show_folder(root, per_class=8, ax_size=1.0):
-    """A grid of the first ``per_class`` images of every class, one row per class; returns the figure."""
+    """A grid of the first ``per_class`` images of every class, one row per class; returns the
+    figure."""
     import matplotlib.pyplot as plt
 
     manifest = load_manifest(root)
@@ -137,7 +147,9 @@ def show_folder(root, per_class=8, ax_size=1.0):
     for sample in manifest["samples"]:
         if len(rows[sample["label"]]) < per_class:
             rows[sample["label"]].append(sample)
-    fig, axes = plt.subplots(len(rows), per_class, figsize=(per_class * ax_size, len(rows) * ax_size), squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows), per_class, figsize=(per_class * ax_size, len(rows) * ax_size), squeeze=False
+    )
     for label, samples in rows.items():
         for column, ax in enumerate(axes[label]):
             if column < len(samples):
@@ -156,7 +168,8 @@ def samples_from_manifest(manifest):
 
 
 def samples_from_folders(root):
-    """``(classes, rows)`` the way torchvision's ImageFolder sees ``root``: sorted class folders, sorted files."""
+    """``(classes, rows)`` the way torchvision's ImageFolder sees ``root``: sorted class folders,
+    sorted files."""
     root = Path(root)
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     rows = [

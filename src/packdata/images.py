@@ -1,9 +1,9 @@
 """Images in and out of bytes: JPEG encoding, decoding with PIL or torchvision, raw ``.npy`` pixels.
 
-Every reader of the course (folders, archives, shards, over HTTP or not) hands a sample's bytes to the same
-``decode_image``, so formats differ only in how the bytes arrive, never in how they decode. Every writer
-stores what ``encode_payload`` makes of a source JPEG: the JPEG itself, a resized re-encoding, or the
-decoded pixels (``payload="raw"``).
+Every reader of the course (folders, archives, shards, over HTTP or not) hands a sample's bytes to
+the same ``decode_image``, so formats differ only in how the bytes arrive, never in how they decode.
+Every writer stores what ``encode_payload`` makes of a source JPEG: the JPEG itself, a resized
+re-encoding, or the decoded pixels (``payload="raw"``).
 """
 
 import io
@@ -27,7 +27,7 @@ def check_decoder(decoder):
         raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
 
 
-# --- encoding ----------------------------------------------------------------------------------------
+# --- encoding -------------------------------------------------------------------------------------
 
 
 def encode_jpeg(image):
@@ -51,17 +51,21 @@ def as_pil(image, index):
 
 
 def checked_suffix(payload, resize):
-    """The member suffix of ``payload``; refuses unknown payloads and sizes that are not positive ints."""
+    """The member suffix of ``payload``; refuses unknown payloads and sizes that are not positive
+    ints."""
     if payload not in PAYLOADS:
         raise ValueError(f"unknown payload {payload!r}; choose one of {tuple(PAYLOADS)}")
-    if resize is not None and (not isinstance(resize, int) or isinstance(resize, bool) or resize < 1):
+    if resize is not None and (
+        not isinstance(resize, int) or isinstance(resize, bool) or resize < 1
+    ):
         raise ValueError(f"resize must be None or a positive number of pixels, got {resize!r}")
     return PAYLOADS[payload]
 
 
 def encode_payload(jpeg, payload="jpeg", resize=None):
-    """The bytes to store for one source JPEG: the JPEG itself; or, resized to ``resize``×``resize``, re-encoded
-    at the dataset's JPEG quality; or (``payload="raw"``) the decoded ``uint8`` HWC array as ``.npy`` bytes."""
+    """The bytes to store for one source JPEG: the JPEG itself; or, resized to
+    ``resize``×``resize``, re-encoded at the dataset's JPEG quality; or (``payload="raw"``) the
+    decoded ``uint8`` HWC array as ``.npy`` bytes."""
     if payload == "jpeg" and resize is None:
         return jpeg
     with Image.open(io.BytesIO(jpeg)) as image:
@@ -75,26 +79,31 @@ def encode_payload(jpeg, payload="jpeg", resize=None):
     return buffer.getvalue()
 
 
-# --- decoding ----------------------------------------------------------------------------------------
+# --- decoding -------------------------------------------------------------------------------------
 
 
 def decode_image(data, decoder="pil"):
-    """Decode JPEG bytes into an RGB ``uint8`` tensor of shape (3, H, W); ``.npy`` bytes (a ``uint8`` HWC
-    array saved by numpy, what ``packing`` stores for ``payload="raw"``) need no decoder and ignore it."""
+    """Decode JPEG bytes into an RGB ``uint8`` tensor of shape (3, H, W); ``.npy`` bytes (a
+    ``uint8`` HWC array saved by numpy, what ``packing`` stores for ``payload="raw"``) need no
+    decoder and ignore it."""
     check_decoder(decoder)
-    if data[:len(NPY_MAGIC)] == NPY_MAGIC:
+    if data[: len(NPY_MAGIC)] == NPY_MAGIC:
         return decode_array(data)
     if decoder == "pil":
         with Image.open(io.BytesIO(data)) as image:
             return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).contiguous()
     from torchvision import io as tvio  # on first use: importing torchvision slows worker start
 
-    return tvio.decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tvio.ImageReadMode.RGB)
+    return tvio.decode_image(
+        torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tvio.ImageReadMode.RGB
+    )
 
 
 def decode_array(data):
     """A ``uint8`` (H, W, 3) array in ``.npy`` bytes as a (3, H, W) tensor."""
     array = np.load(io.BytesIO(data), allow_pickle=False)
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
-        raise ValueError(f"expected a uint8 array of shape (H, W, 3), got {array.dtype} of shape {array.shape}")
+        raise ValueError(
+            f"expected a uint8 array of shape (H, W, 3), got {array.dtype} of shape {array.shape}"
+        )
     return torch.from_numpy(array).permute(2, 0, 1).contiguous()

@@ -1,10 +1,11 @@
 """The webdataset layout of a shard: which members form a sample, and which shards form a dataset.
 
-A shard is a plain tar. Members ``<key>.<extension>`` with the same key, next to each other, form one
-sample ``{"__key__": key, "__url__": shard, extension: bytes, ...}``; the extension starts at the first dot
-of the file name. Members named ``__*__`` describe the shard and are no sample. A dataset is a list of
-shards, often written as a brace pattern, ``train-{000000..000009}.tar``. The shard writer
-(``shardwrite``) and every reader (``shardread``, ``streaming``, the indexed ``datasets``) share these rules.
+A shard is a plain tar. Members ``<key>.<extension>`` with the same key, next to each other, form
+one sample ``{"__key__": key, "__url__": shard, extension: bytes, ...}``; the extension starts at
+the first dot of the file name. Members named ``__*__`` describe the shard and are no sample. A
+dataset is a list of shards, often written as a brace pattern, ``train-{000000..000009}.tar``. The
+shard writer (``shardwrite``) and every reader (``shardread``, ``streaming``, the indexed
+``datasets``) share these rules.
 """
 
 import urllib.parse
@@ -15,61 +16,79 @@ from braceexpand import braceexpand
 
 from .httpclient import is_url
 
+
 def split_member(name):
-    """``(key, extension)`` of a member name as webdataset groups them: the extension starts at the first dot
-    of the file name, so ``"a/000001.seg.png"`` gives ``("a/000001", "seg.png")``."""
+    """``(key, extension)`` of a member name as webdataset groups them: the extension starts at the
+    first dot of the file name, so ``"a/000001.seg.png"`` gives ``("a/000001", "seg.png")``."""
     folder, _, file_name = name.rpartition("/")
     stem, _, extension = file_name.partition(".")
     return f"{folder}/{stem}" if folder else stem, extension
 
 
 class ShardError(ValueError):
-    """A shard holds something a sample stream cannot use: a duplicate key, a sample without a member it needs."""
+    """A shard holds something a sample stream cannot use: a duplicate key, a sample without a
+    member it needs."""
 
 
 def expand_shards(shards):
-    """The shard list as strings: a brace pattern, a path or URL, or a list of those, each expanded as bash (and
-    webdataset) expand braces: ``"train-{000..009}.tar"`` gives ten names, ``"{train,val}.tar"`` two. A shard named
-    twice would be read twice per epoch, so it is an error."""
+    """The shard list as strings: a brace pattern, a path or URL, or a list of those, each expanded
+    as bash (and webdataset) expand braces: ``"train-{000..009}.tar"`` gives ten names,
+    ``"{train,val}.tar"`` two. A shard named twice would be read twice per epoch, so it is an error.
+    """
     if isinstance(shards, (str, Path)):
         shards = [shards]
     expanded = [name for shard in shards for name in braceexpand(str(shard))]
     if not expanded:
-        raise ValueError("the shard list is empty: give a brace pattern, a list of paths, or http:// URLs")
+        raise ValueError(
+            "the shard list is empty: give a brace pattern, a list of paths, or http:// URLs"
+        )
     foreign = [name for name in expanded if "://" in name and not is_url(name)]
     if foreign:
-        raise ValueError(f"cannot read {foreign[0]!r}: shards are local paths or http:// URLs; read https://, s3:// "
-                         "and other schemes through s3fs or a webdataset pipe: command")
+        raise ValueError(
+            f"cannot read {foreign[0]!r}: shards are local paths or http:// URLs; read https://, "
+            "s3:// "
+            "and other schemes through s3fs or a webdataset pipe: command"
+        )
     repeated = [name for name, times in Counter(expanded).items() if times > 1]
     if repeated:
-        raise ValueError(f"the shard list names {repeated[0]!r} more than once: its samples would come twice an epoch")
+        raise ValueError(
+            f"the shard list names {repeated[0]!r} more than once: its samples would come twice an "
+            "epoch"
+        )
     return expanded
 
 
 def is_meta(name):
-    """Members named ``__*__`` (like ``pack_tar``'s ``__manifest__``) describe the shard; they are no sample."""
+    """Members named ``__*__`` (like ``pack_tar``'s ``__manifest__``) describe the shard; they are
+    no sample."""
     return "/" not in name and name.startswith("__") and name.endswith("__")
 
 
 def group_samples(members, shard, report):
-    """Group consecutive ``(member name, bytes)`` of one shard into sample dicts ``{"__key__", "__url__", ext: bytes}``.
+    """Group consecutive ``(member name, bytes)`` of one shard into sample dicts ``{"__key__",
+    "__url__", ext: bytes}``.
 
-    A key that comes back after another key, or a member name seen twice, is a ``ShardError`` passed to
-    ``report``: it raises, or (when skipping) that sample is left out.
+    A key that comes back after another key, or a member name seen twice, is a ``ShardError`` passed
+    to ``report``: it raises, or (when skipping) that sample is left out.
     """
     seen, sample, keep = set(), None, False
     for name, data in members:
         if "/" in name:
             key, extension = split_member(name)
         else:
-            key, _, extension = name.partition(".")  # the same split, without the call, for the common case
+            # the same split, without the call, for the common case
+            key, _, extension = name.partition(".")
         if sample is None or key != sample["__key__"]:
             if keep:
                 yield sample
             sample, keep = {"__key__": key, "__url__": shard}, key not in seen
             if not keep:
-                report(ShardError(f"{shard}: duplicate key {key!r}: its members are not next to each other, "
-                                  "or two samples share it"))
+                report(
+                    ShardError(
+                        f"{shard}: duplicate key {key!r}: its members are not next to each other, "
+                        "or two samples share it"
+                    )
+                )
             seen.add(key)
         elif extension in sample and keep:
             report(ShardError(f"{shard}: duplicate member {name!r}"))
@@ -89,13 +108,18 @@ def members_of(sample):
 
 
 def local_targets(shards, folder):
-    """``folder / <file name>`` of each shard path or URL, in order. Two shards with the same file name (from
-    different folders) would overwrite each other there: that raises ``ValueError`` naming both."""
+    """``folder / <file name>`` of each shard path or URL, in order. Two shards with the same file
+    name (from different folders) would overwrite each other there: that raises ``ValueError``
+    naming both."""
     targets = {}
     for shard in shards:
-        target = Path(folder) / Path(urllib.parse.urlsplit(shard).path if is_url(shard) else shard).name
+        target = (
+            Path(folder) / Path(urllib.parse.urlsplit(shard).path if is_url(shard) else shard).name
+        )
         if target in targets:
-            raise ValueError(f"{targets[target]} and {shard} would both become {target}: give the shards "
-                             "distinct file names, or use one folder for each")
+            raise ValueError(
+                f"{targets[target]} and {shard} would both become {target}: give the shards "
+                "distinct file names, or use one folder for each"
+            )
         targets[target] = shard
     return list(targets)

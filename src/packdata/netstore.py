@@ -1,17 +1,20 @@
-"""An emulated network store: a real HTTP server on loopback that adds latency (and optionally a bandwidth cap).
+"""An emulated network store: a real HTTP server on loopback that adds latency (and optionally a
+bandwidth cap).
 
     with NetworkStore(root, latency=0.002) as store:
         data = urllib.request.urlopen(store.url_for("circle/000000.jpg")).read()
         print(store.requests, "requests x", store.latency, "s")
 
-Each request waits ``latency`` seconds on its own thread before answering, so parallel clients overlap
-their waits exactly as they would against a remote object store. ``latency`` and ``bandwidth`` may be
-changed while the store runs. A file is sent with an ``ETag`` that changes with its size or mtime
-(``file_etag``) and a ``Last-Modified``, so a client can tell a rewritten file from the one it knew.
+Each request waits ``latency`` seconds on its own thread before answering, so parallel clients
+overlap their waits exactly as they would against a remote object store. ``latency`` and
+``bandwidth`` may be changed while the store runs. A file is sent with an ``ETag`` that changes with
+its size or mtime (``file_etag``) and a ``Last-Modified``, so a client can tell a rewritten file
+from the one it knew.
 
 The request handler and server here are shared with the dataset service (``service``).
 """
 
+import contextlib
 import mimetypes
 import os
 import re
@@ -28,13 +31,13 @@ from pathlib import Path
 
 from .httpclient import file_etag
 
-
 CHUNK = 64 * 1024
 RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
 def resolve_inside(root, url_path):
-    """The path ``url_path`` names under ``root``, or None when it would escape ``root`` (``..``, symlinks)."""
+    """The path ``url_path`` names under ``root``, or None when it would escape ``root`` (``..``,
+    symlinks)."""
     relative = urllib.parse.unquote(url_path.split("?", 1)[0]).lstrip("/")
     if "\x00" in relative:
         return None
@@ -46,7 +49,8 @@ def resolve_inside(root, url_path):
 
 
 def byte_range(header, size):
-    """``(start, end)`` inclusive for a ``Range`` header; None to send everything; ValueError if unsatisfiable."""
+    """``(start, end)`` inclusive for a ``Range`` header; None to send everything; ValueError if
+    unsatisfiable."""
     match = RANGE.fullmatch(header.strip()) if header else None
     if match is None or match.groups() == ("", ""):
         return None  # absent, multi-range or malformed: RFC 9110 lets a server ignore it
@@ -64,45 +68,59 @@ def byte_range(header, size):
 
 
 def bandwidth_delay(started, done, bandwidth):
-    """Seconds until ``done`` bytes may have passed since ``started`` at ``bandwidth`` bytes/s (None: no cap)."""
+    """Seconds until ``done`` bytes may have passed since ``started`` at ``bandwidth`` bytes/s
+    (None: no cap)."""
     return max(0.0, started + done / bandwidth - time.perf_counter()) if bandwidth else 0.0
 
 
 def matches(if_match, etag):
-    """Whether a request's ``If-Match`` header (None when absent) lets a file with ``etag`` be served."""
+    """Whether a request's ``If-Match`` header (None when absent) lets a file with ``etag`` be
+    served."""
     return if_match is None or any(tag.strip() in ("*", etag) for tag in if_match.split(","))
 
 
-# --- what both servers share: files with Range and pacing, refusals, a loopback server thread ------
+# --- what both servers share: files with Range and pacing, refusals, a loopback server thread -----
 
 
 class FileHandler(BaseHTTPRequestHandler):
-    """Serve the files of a folder over HTTP with ``Range``, ``ETag`` and a pause for each request; the handler
-    classes of ``NetworkStore`` and ``service.DatasetService`` build on it."""
+    """Serve the files of a folder over HTTP with ``Range``, ``ETag`` and a pause for each request;
+    the handler classes of ``NetworkStore`` and ``service.DatasetService`` build on it."""
 
     protocol_version = "HTTP/1.1"  # keep-alive for clients that want it
-    disable_nagle_algorithm = True  # headers and body go out as separate writes; don't let the body wait for an ACK
-    timeout = 30  # close keep-alive connections idle this long (seconds), so stopped clients free their threads
+    # headers and body go out as separate writes; don't let the body wait for an ACK
+    disable_nagle_algorithm = True
+    # close keep-alive connections idle this long (seconds), so stopped clients free their threads
+    timeout = 30
 
     def send_file(self, path, send_body):
-        """Answer with the file at ``path`` (which exists): all of it, or the part a ``Range`` header asks for.
-        Headers and body describe the one version opened, even when an upload replaces the file meanwhile."""
+        """Answer with the file at ``path`` (which exists): all of it, or the part a ``Range``
+        header asks for. Headers and body describe the one version opened, even when an upload
+        replaces the file meanwhile."""
         with path.open("rb") as file:
             stat = os.fstat(file.fileno())
             size, etag = stat.st_size, file_etag(stat.st_size, stat.st_mtime_ns)
             if not matches(self.headers.get("If-Match"), etag):
-                return self.refuse(HTTPStatus.PRECONDITION_FAILED, f"changed: {self.path} is no longer the version "
-                                   f"asked for ({self.headers['If-Match']}); it is now {etag}", {"ETag": etag})
+                return self.refuse(
+                    HTTPStatus.PRECONDITION_FAILED,
+                    f"changed: {self.path} is no longer the version "
+                    f"asked for ({self.headers['If-Match']}); it is now {etag}",
+                    {"ETag": etag},
+                )
             try:
                 span = byte_range(self.headers.get("Range"), size)
             except ValueError:
-                return self.refuse(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, f"range not satisfiable: {self.path}",
-                                   {"Content-Range": f"bytes */{size}"})
+                return self.refuse(
+                    HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE,
+                    f"range not satisfiable: {self.path}",
+                    {"Content-Range": f"bytes */{size}"},
+                )
             start, end = span or (0, size - 1)
             self.send_response(HTTPStatus.PARTIAL_CONTENT if span else HTTPStatus.OK)
             if span:
                 self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.send_header("Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+            self.send_header(
+                "Content-Type", mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+            )
             self.send_header("Content-Length", str(end - start + 1))
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("ETag", etag)
@@ -113,7 +131,8 @@ class FileHandler(BaseHTTPRequestHandler):
                 self.send_paced(file, end - start + 1)
 
     def send_paced(self, file, length):
-        """Write ``length`` bytes of ``file``; with a bandwidth cap set, no byte leaves before its time."""
+        """Write ``length`` bytes of ``file``; with a bandwidth cap set, no byte leaves before its
+        time."""
         served = self.server.served
         started, sent = time.perf_counter(), 0
         while sent < length:
@@ -121,13 +140,15 @@ class FileHandler(BaseHTTPRequestHandler):
             if not chunk:
                 break
             self.pause(bandwidth_delay(started, sent + len(chunk), served.bandwidth))
-            # Counted before the write: a client that has read the last byte must already see it counted.
+            # Counted before the write: a client that has read the last byte must already see it
+            # counted.
             served.count(bytes_served=len(chunk))
             self.wfile.write(chunk)
             sent += len(chunk)
 
     def pause(self, seconds):
-        """Sleep ``seconds`` (emulated latency or pacing); when the server stops meanwhile, wake and hang up."""
+        """Sleep ``seconds`` (emulated latency or pacing); when the server stops meanwhile, wake and
+        hang up."""
         if self.server.stopping.wait(seconds):
             raise ConnectionAbortedError("the server stopped")
 
@@ -152,9 +173,11 @@ class FileHandler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
-    """One thread per connection (a daemon: one stuck past ``stop``'s wait cannot keep Python from exiting)."""
+    """One thread per connection (a daemon: one stuck past ``stop``'s wait cannot keep Python from
+    exiting)."""
 
-    request_queue_size = 128  # many workers connect at once; the default backlog of 5 drops connections
+    # many workers connect at once; the default backlog of 5 drops connections
+    request_queue_size = 128
 
     def __init__(self, served, handler, host, port):
         super().__init__((host, port), handler)
@@ -175,24 +198,24 @@ class _Server(ThreadingHTTPServer):
             self.connections_changed.notify_all()
 
     def close_connections(self, timeout):
-        """Hang up on every client, idle keep-alive ones included, and wait up to ``timeout`` s for their handler
-        threads to end; True when they all did."""
+        """Hang up on every client, idle keep-alive ones included, and wait up to ``timeout`` s for
+        their handler threads to end; True when they all did."""
         self.stopping.set()
         with self.connections_changed:
             for connection in self.connections:
-                try:
-                    connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass  # already gone
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)  # already gone
             return self.connections_changed.wait_for(lambda: not self.connections, timeout)
 
     def handle_error(self, request, client_address):
         if self.served.verbose or not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)  # a client hanging up is normal; anything else is not
+            # a client hanging up is normal; anything else is not
+            super().handle_error(request, client_address)
 
 
 class ServedFolder:
-    """A folder served from a background thread, with ``latency``, ``bandwidth`` and request counters."""
+    """A folder served from a background thread, with ``latency``, ``bandwidth`` and request
+    counters."""
 
     handler = None  # the request handler class
 
@@ -214,7 +237,10 @@ class ServedFolder:
     def url(self):
         """The base URL, e.g. ``http://127.0.0.1:PORT/``."""
         if self._server is None:
-            raise RuntimeError(f"the {type(self).__name__} is not running; use it in a 'with' block or call start()")
+            raise RuntimeError(
+                f"the {type(self).__name__} is not running; use it in a 'with' block or call "
+                "start()"
+            )
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/"
 
@@ -234,19 +260,28 @@ class ServedFolder:
         if self._server is not None:
             return self
         self._server = _Server(self, self.handler, self.host, self.port)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=type(self).__name__, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=type(self).__name__,
+            daemon=True,
+        )
         self._thread.start()
         return self
 
     def stop(self, timeout=5.0):
-        """Stop serving, hang up on every client, wait up to ``timeout`` s for requests in progress to end (a
-        request sleeping on ``latency`` or ``bandwidth`` ends at once), and free the port."""
+        """Stop serving, hang up on every client, wait up to ``timeout`` s for requests in progress
+        to end (a request sleeping on ``latency`` or ``bandwidth`` ends at once), and free the port.
+        """
         if self._server is None:
             return
         self._server.shutdown()
         if not self._server.close_connections(timeout):
-            warnings.warn(f"{type(self).__name__}: requests still running {timeout} s after stop()", RuntimeWarning)
+            warnings.warn(
+                f"{type(self).__name__}: requests still running {timeout} s after stop()",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._server.server_close()
         self._thread.join()
         self._server = self._thread = None
@@ -259,11 +294,14 @@ class ServedFolder:
 
     def __repr__(self):
         where = self.url if self._server else "stopped"
-        return (f"{type(self).__name__}({str(self.root)!r}, latency={self.latency}, bandwidth={self.bandwidth}) at "
-                f"{where}: {self.requests} requests, {self.bytes_served} bytes served")
+        return (
+            f"{type(self).__name__}({str(self.root)!r}, latency={self.latency}, "
+            f"bandwidth={self.bandwidth}) at "
+            f"{where}: {self.requests} requests, {self.bytes_served} bytes served"
+        )
 
 
-# --- lesson 1: a folder behind a slow network -------------------------------------------------------
+# --- lesson 1: a folder behind a slow network -----------------------------------------------------
 
 
 class _Handler(FileHandler):
@@ -279,17 +317,19 @@ class _Handler(FileHandler):
         self.pause(store.latency)
         path = resolve_inside(store.root, self.path)
         if path is None:
-            return self.refuse(HTTPStatus.FORBIDDEN, f"refused: {self.path} names nothing inside the served folder")
+            return self.refuse(
+                HTTPStatus.FORBIDDEN, f"refused: {self.path} names nothing inside the served folder"
+            )
         if not path.is_file():
             return self.refuse(HTTPStatus.NOT_FOUND, f"not found: {self.path}")
         self.send_file(path, send_body)
 
 
 class NetworkStore(ServedFolder):
-    """Serve ``root`` over HTTP on 127.0.0.1 from a background thread, with per-request ``latency`` (s) and an
-    optional ``bandwidth`` cap (bytes/s) per connection: each response is paced on its own, so parallel
-    downloads do not share the cap, and N at once move up to N × ``bandwidth``. Counts ``requests`` and
-    ``bytes_served``."""
+    """Serve ``root`` over HTTP on 127.0.0.1 from a background thread, with per-request ``latency``
+    (s) and an optional ``bandwidth`` cap (bytes/s) per connection: each response is paced on its
+    own, so parallel downloads do not share the cap, and N at once move up to N × ``bandwidth``.
+    Counts ``requests`` and ``bytes_served``."""
 
     handler = _Handler
 

@@ -1,9 +1,9 @@
 """Pack a dataset folder into one archive: an uncompressed ZIP, or a tar in webdataset layout.
 
 Both archives hold the same payloads in key order: ``<key>.jpg`` (the source JPEG, bit for bit) or
-``<key>.npy`` (the decoded ``uint8`` HWC array, ``payload="raw"``), optionally resized once, here, at
-packing time. A manifest member records the classes and, per sample, key, label, size and SHA-256 of
-the stored payload. Member order and every timestamp and owner field are fixed, so the same input
+``<key>.npy`` (the decoded ``uint8`` HWC array, ``payload="raw"``), optionally resized once, here,
+at packing time. A manifest member records the classes and, per sample, key, label, size and SHA-256
+of the stored payload. Member order and every timestamp and owner field are fixed, so the same input
 gives a byte-identical archive; an archive appears under its name only once it is complete.
 
     pack_zip(root, "/tmp/train.zip")        # <key>.jpg ... then manifest.json
@@ -28,34 +28,46 @@ from .tario import END_OF_TAR, tar_member
 ARCHIVE_FORMAT = "packdata-archive"
 ARCHIVE_VERSION = 1
 ZIP_MANIFEST = "manifest.json"
-TAR_MANIFEST = "__manifest__"  # webdataset skips members named __*__, so its readers never see this one
+# webdataset skips members named __*__, so its readers never see this one
+TAR_MANIFEST = "__manifest__"
 FIXED_ZIP_TIME = (2020, 1, 1, 0, 0, 0)
 
 
-# --- what goes into an archive ---------------------------------------------------------------------
+# --- what goes into an archive --------------------------------------------------------------------
 
 
 def _start_packing(root, archive, payload, resize, progress):
-    """``(member suffix, source manifest, payloads)`` of one packing run; the payloads show a progress bar."""
+    """``(member suffix, source manifest, payloads)`` of one packing run; the payloads show a
+    progress bar."""
     suffix = checked_suffix(payload, resize)
     samples = FolderSamples(root, payload, resize)
     payloads = map(samples, range(len(samples)))
-    bar = tqdm(payloads, total=len(samples), desc=Path(archive).name, unit="img", disable=not progress)
+    bar = tqdm(
+        payloads, total=len(samples), desc=Path(archive).name, unit="img", disable=not progress
+    )
     return suffix, samples.manifest, bar
 
 
 def _manifest_entry(key, label, data):
-    return {"key": key, "label": label, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {
+        "key": key,
+        "label": label,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
 
 
 def _archive_manifest(root, source, payload, resize, entries):
-    """The manifest member's bytes: what was packed, how, and from which dataset (``source``, its manifest)."""
+    """The manifest member's bytes: what was packed, how, and from which dataset (``source``, its
+    manifest)."""
     manifest = {
         "format": ARCHIVE_FORMAT,
         "version": ARCHIVE_VERSION,
         "payload": payload,
         "suffix": PAYLOADS[payload],
-        "resize": None if resize is None else {"size": resize, "filter": RESIZE_FILTER.name.lower()},
+        "resize": None
+        if resize is None
+        else {"size": resize, "filter": RESIZE_FILTER.name.lower()},
         "source_manifest_sha256": manifest_digest(root),
         "classes": source["classes"],
         "samples": entries,
@@ -64,11 +76,12 @@ def _archive_manifest(root, source, payload, resize, entries):
 
 
 def parse_archive_manifest(data, where):
-    """The decoded manifest member of a packed archive; errors name ``where`` (the archive and member)."""
+    """The decoded manifest member of a packed archive; errors name ``where`` (the archive and
+    member)."""
     return parse_versioned_json(data, where, ARCHIVE_FORMAT, ARCHIVE_VERSION)
 
 
-# --- the two archive formats -----------------------------------------------------------------------
+# --- the two archive formats ----------------------------------------------------------------------
 
 
 def _add_zip_member(zip_file, name, data):
@@ -80,23 +93,30 @@ def _add_zip_member(zip_file, name, data):
 
 def pack_zip(root, archive, *, payload="jpeg", resize=None, progress=True):
     """Pack the dataset at ``root`` into an uncompressed ZIP: ``<key><suffix>`` in key order, then
-    ``manifest.json``. ``resize=n`` stores every image resized to n×n. Returns the archive's path."""
+    ``manifest.json``. ``resize=n`` stores every image resized to n×n. Returns the archive's path.
+    """
     suffix, source, payloads = _start_packing(root, archive, payload, resize, progress)
     entries = []
-    with written_atomically(archive) as file, zipfile.ZipFile(file, "w", zipfile.ZIP_STORED) as zip_file:
+    with (
+        written_atomically(archive) as file,
+        zipfile.ZipFile(file, "w", zipfile.ZIP_STORED) as zip_file,
+    ):
         for key, label, data in payloads:
             _add_zip_member(zip_file, key + suffix, data)
             entries.append(_manifest_entry(key, label, data))
-        _add_zip_member(zip_file, ZIP_MANIFEST, _archive_manifest(root, source, payload, resize, entries))
+        _add_zip_member(
+            zip_file, ZIP_MANIFEST, _archive_manifest(root, source, payload, resize, entries)
+        )
     return Path(archive)
 
 
 def pack_tar(root, archive, *, payload="jpeg", resize=None, progress=True):
-    """Pack the dataset at ``root`` into a tar in webdataset layout: ``__manifest__`` first, then per sample in
-    key order ``<key><suffix>`` and ``<key>.cls`` (the label in ASCII digits). Returns the archive's path.
+    """Pack the dataset at ``root`` into a tar in webdataset layout: ``__manifest__`` first, then
+    per sample in key order ``<key><suffix>`` and ``<key>.cls`` (the label in ASCII digits). Returns
+    the archive's path.
 
-    The manifest needs every payload's hash before it can be written first, so the samples are spooled to
-    an anonymous temporary file next to the archive and copied in behind it.
+    The manifest needs every payload's hash before it can be written first, so the samples are
+    spooled to an anonymous temporary file next to the archive and copied in behind it.
     """
     archive = Path(archive)
     suffix, source, payloads = _start_packing(root, archive, payload, resize, progress)
@@ -106,7 +126,9 @@ def pack_tar(root, archive, *, payload="jpeg", resize=None, progress=True):
             samples.write(tar_member(key + suffix, data))
             samples.write(tar_member(f"{key}.cls", str(label).encode("ascii")))
             entries.append(_manifest_entry(key, label, data))
-        file.write(tar_member(TAR_MANIFEST, _archive_manifest(root, source, payload, resize, entries)))
+        file.write(
+            tar_member(TAR_MANIFEST, _archive_manifest(root, source, payload, resize, entries))
+        )
         samples.seek(0)
         shutil.copyfileobj(samples, file)
         file.write(END_OF_TAR)

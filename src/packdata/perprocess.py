@@ -1,13 +1,16 @@
-"""State that belongs to one process: file handles, connections, a function installed in a pool's workers.
+"""State that belongs to one process: file handles, connections, a function installed in a pool's
+workers.
 
-A dataset that opens its file (a ZIP, a tar, an HDF5 file, an LMDB environment) in ``__init__`` breaks
-with DataLoader workers. Under ``fork`` every worker inherits the parent's descriptor, so they share one
-file offset and their seeks and reads interleave. Under ``spawn`` and ``forkserver`` the dataset is
-pickled, and an open file cannot be. ``PerProcessHandle`` avoids both: it opens on first use in each
-process (keyed by process id), pickles as its opener alone, and closes its handle when the process exits.
+A dataset that opens its file (a ZIP, a tar, an HDF5 file, an LMDB environment) in ``__init__``
+breaks with DataLoader workers. Under ``fork`` every worker inherits the parent's descriptor, so
+they share one file offset and their seeks and reads interleave. Under ``spawn`` and ``forkserver``
+the dataset is pickled, and an open file cannot be. ``PerProcessHandle`` avoids both: it opens on
+first use in each process (keyed by process id), pickles as its opener alone, and closes its handle
+when the process exits.
 
-    self.zip = PerProcessHandle(functools.partial(zipfile.ZipFile, path))   # in __init__: nothing opened yet
-    self.zip.get().read(name)                                                # in __getitem__: this process's own
+    self.zip = PerProcessHandle(functools.partial(zipfile.ZipFile, path))   # in __init__: nothing
+    opened yet self.zip.get().read(name)                                                # in
+    __getitem__: this process's own
 
 ``map_in_processes`` is the same idea for a process pool: the function (with whatever large state it
 carries) is sent to each worker once, not with every item.
@@ -17,8 +20,8 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.util import Finalize
 
-
-_opened = {}  # process id -> handles PerProcessHandle opened in it (a forked child does not count its parent's)
+# process id -> handles PerProcessHandle opened in it (a forked child does not count its parent's)
+_opened = {}
 
 
 def opened_in_this_process():
@@ -29,9 +32,9 @@ def opened_in_this_process():
 class PerProcessHandle:
     """``get()`` returns this process's handle, calling ``opener()`` on first use in each process.
 
-    ``opener`` must pickle (a module-level function or class, or a ``functools.partial`` of one, not a
-    lambda) for ``spawn`` and ``forkserver``. A handle with a ``close()`` method is closed when the process
-    exits.
+    ``opener`` must pickle (a module-level function or class, or a ``functools.partial`` of one, not
+    a lambda) for ``spawn`` and ``forkserver``. A handle with a ``close()`` method is closed when
+    the process exits.
     """
 
     def __init__(self, opener):
@@ -41,11 +44,13 @@ class PerProcessHandle:
     def get(self):
         """This process's handle, opened now if this process has none yet."""
         pid = os.getpid()
-        if self._pid != pid:  # first use here, or a forked child holding its parent's handle: never use that one
+        # first use here, or a forked child holding its parent's handle: never use that one
+        if self._pid != pid:
             self._handle, self._pid = self.opener(), pid
             _opened[pid] = _opened.get(pid, 0) + 1
             close = getattr(self._handle, "close", None)
-            # multiprocessing runs this when the process exits (DataLoader workers included) or this object dies
+            # multiprocessing runs this when the process exits (DataLoader workers included) or this
+            # object dies
             self._closer = close and Finalize(self, close, exitpriority=0)
         return self._handle
 
@@ -72,8 +77,9 @@ def _call_installed(item):
 
 
 def map_in_processes(function, items, processes=1, chunksize=1):
-    """``function(item)`` for each item, in order, computed in ``processes`` processes (in this one when
-    ``processes`` ≤ 1). ``function`` must pickle; it is sent to each process once, when the process starts."""
+    """``function(item)`` for each item, in order, computed in ``processes`` processes (in this one
+    when ``processes`` ≤ 1). ``function`` must pickle; it is sent to each process once, when the
+    process starts."""
     if processes <= 1:
         yield from map(function, items)
         return

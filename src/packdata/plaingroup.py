@@ -1,10 +1,10 @@
 """Group a plain shard's members into samples with numpy: no Python per member.
 
-Shard writers lay every sample out the same way (``000042.jpg``, ``000042.cls``, ``000043.jpg``, ...): keys
-of one length, the same extensions in the same order. For such a shard the grouping is a few array
-operations over the member names that ``tarscan.scan_plain`` found. Anything else (another layout, folders,
-``__meta__`` members, a duplicate key, a missing member) gets None, and the caller takes the general path
-(``layout.group_samples``), which also reports what is wrong.
+Shard writers lay every sample out the same way (``000042.jpg``, ``000042.cls``, ``000043.jpg``,
+...): keys of one length, the same extensions in the same order. For such a shard the grouping is a
+few array operations over the member names that ``tarscan.scan_plain`` found. Anything else (another
+layout, folders, ``__meta__`` members, a duplicate key, a missing member) gets None, and the caller
+takes the general path (``layout.group_samples``), which also reports what is wrong.
 """
 
 from itertools import repeat
@@ -24,12 +24,13 @@ class PlainLayout(NamedTuple):
 
 
 def plain_tuples(data, shard, keys):
-    """An iterator over the ``keys`` tuples of one shard's samples straight from the vectorised scan, or None
-    when the shard needs the general path.
+    """An iterator over the ``keys`` tuples of one shard's samples straight from the vectorised
+    scan, or None when the shard needs the general path.
 
-    Each member is sliced out of ``data`` only when its sample is taken: a copy that the consumer drops at once
-    reuses the memory of the one before, where slicing a whole shard up front would ask the system for fresh
-    pages every shard (a page fault per 4 KiB, which on some virtual machines costs microseconds)."""
+    Each member is sliced out of ``data`` only when its sample is taken: a copy that the consumer
+    drops at once reuses the memory of the one before, where slicing a whole shard up front would
+    ask the system for fresh pages every shard (a page fault per 4 KiB, which on some virtual
+    machines costs microseconds)."""
     scanned = scan_plain(data, shard)
     if scanned is None:
         return None
@@ -45,36 +46,46 @@ def plain_tuples(data, shard, keys):
             columns.append(repeat(shard, len(layout.keys)))
         else:
             position = layout.extensions.index(key)
-            begin = starts[position::layout.width]
-            ends = begin + sizes[position::layout.width]
+            begin = starts[position :: layout.width]
+            ends = begin + sizes[position :: layout.width]
             columns.append(map(data.__getitem__, map(slice, begin.tolist(), ends.tolist())))
     return zip(*columns)
 
 
 def plain_layout(names):
-    """The ``PlainLayout`` of member ``names`` (a fixed-width bytes array), or None when they are not plain."""
-    matrix = names.view(np.uint8).reshape(len(names), -1)  # one row of name bytes per member, NUL-padded
+    """The ``PlainLayout`` of member ``names`` (a fixed-width bytes array), or None when they are
+    not plain."""
+    # one row of name bytes per member, NUL-padded
+    matrix = names.view(np.uint8).reshape(len(names), -1)
     dot = key_length(matrix)
     if dot is None:
         return None
     key_columns = np.ascontiguousarray(matrix[:, :dot])
     member_keys = key_columns.view(f"S{dot}").ravel()
     firsts = np.flatnonzero(np.concatenate([[True], member_keys[1:] != member_keys[:-1]]))
-    width = len(member_keys) // len(firsts)  # members per sample, when every sample has the same ones
-    if width * len(firsts) != len(member_keys) or (firsts != np.arange(0, len(member_keys), width)).any():
+    # members per sample, when every sample has the same ones
+    width = len(member_keys) // len(firsts)
+    if (
+        width * len(firsts) != len(member_keys)
+        or (firsts != np.arange(0, len(member_keys), width)).any()
+    ):
         return None
-    extensions = sample_extensions(matrix[:, dot + 1:], width)
+    extensions = sample_extensions(matrix[:, dot + 1 :], width)
     if extensions is None or has_duplicates(key_columns[firsts]):
         return None
     return PlainLayout(member_keys[firsts], width, extensions)
 
 
 def key_length(matrix):
-    """The length of every member's key when all are equal and plain (no folder, no ``__meta__`` name), else
-    None."""
+    """The length of every member's key when all are equal and plain (no folder, no ``__meta__``
+    name), else None."""
     dots = (matrix == ord(".")).argmax(axis=1)
     dot = int(dots[0])
-    if dot == 0 or (dots != dot).any() or ((matrix[:, 0] == ord("_")) & (matrix[:, 1] == ord("_"))).any():
+    if (
+        dot == 0
+        or (dots != dot).any()
+        or ((matrix[:, 0] == ord("_")) & (matrix[:, 1] == ord("_"))).any()
+    ):
         return None
     key_columns = matrix[:, :dot]  # a NUL among them would end the name before its dot
     if ((key_columns == ord("/")) | (key_columns == 0)).any():
@@ -83,10 +94,12 @@ def key_length(matrix):
 
 
 def sample_extensions(tails, width):
-    """The extensions of the first sample's ``width`` members when every sample repeats them, else None.
-    ``tails`` holds each member name's bytes after the key's dot."""
+    """The extensions of the first sample's ``width`` members when every sample repeats them, else
+    None. ``tails`` holds each member name's bytes after the key's dot."""
     layout = [bytes(row).split(b"\x00", 1)[0] for row in tails[:width]]
-    extensions = tails[:, :1 + max(map(len, layout))]  # as far as the longest one's terminating NUL
+    extensions = tails[
+        :, : 1 + max(map(len, layout))
+    ]  # as far as the longest one's terminating NUL
     if (extensions.reshape(len(tails) // width, width, -1) != extensions[:width]).any():
         return None
     layout = [extension.decode("utf-8", "surrogateescape") for extension in layout]
@@ -96,8 +109,8 @@ def sample_extensions(tails, width):
 
 
 def has_duplicates(rows):
-    """True when two rows of the ``uint8`` matrix ``rows`` are equal. Rows of up to 8 bytes are compared as sorted
-    64-bit numbers, longer ones as a set of ``bytes``."""
+    """True when two rows of the ``uint8`` matrix ``rows`` are equal. Rows of up to 8 bytes are
+    compared as sorted 64-bit numbers, longer ones as a set of ``bytes``."""
     count, width = rows.shape
     if width > 8:
         return len(set(rows.view(f"S{width}").ravel().tolist())) != count

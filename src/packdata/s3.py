@@ -1,14 +1,15 @@
-"""Shards in an S3 bucket: a real S3-protocol server on loopback (moto's server mode), and clients that find
-any S3 endpoint through one setting.
+"""Shards in an S3 bucket: a real S3-protocol server on loopback (moto's server mode), and clients
+that find any S3 endpoint through one setting.
 
-    with S3Server():                                  # sets AWS_ENDPOINT_URL (and dummy keys) while it runs
-        s3 = client()                                 # plain boto3: the same line works against AWS, MinIO, Ceph...
-        s3.create_bucket(Bucket="shapes")
-        upload_files(["train-000000.tar"], "shapes")
-        filesystem().cat("shapes/train-000000.tar")   # s3fs reads it back
+    with S3Server():                                  # sets AWS_ENDPOINT_URL (and dummy keys) while
+    it runs
+        s3 = client()                                 # plain boto3: the same line works against
+        AWS, MinIO, Ceph... s3.create_bucket(Bucket="shapes") upload_files(["train-000000.tar"],
+        "shapes") filesystem().cat("shapes/train-000000.tar")   # s3fs reads it back
 
-The one setting is the endpoint URL: boto3, s3fs and the AWS command line all read ``AWS_ENDPOINT_URL``
-(or take ``endpoint_url=``). Unset, they talk to Amazon S3 itself with your usual credentials.
+The one setting is the endpoint URL: boto3, s3fs and the AWS command line all read
+``AWS_ENDPOINT_URL`` (or take ``endpoint_url=``). Unset, they talk to Amazon S3 itself with your
+usual credentials.
 
 ``python -m packdata.s3 s3://bucket/key`` writes one object to standard output, like
 ``aws s3 cp s3://bucket/key -``: what webdataset's ``pipe:`` URLs need.
@@ -29,12 +30,14 @@ TEST_SETTINGS = {  # moto accepts any keys; these only stop boto3 from looking f
 
 
 class S3Server:
-    """moto's S3 server on ``host`` (loopback), a free port, from a background thread; ``endpoint_url`` says where.
+    """moto's S3 server on ``host`` (loopback), a free port, from a background thread;
+    ``endpoint_url`` says where.
 
-    While it runs, ``AWS_ENDPOINT_URL`` and dummy credentials are set in ``os.environ`` (``export=False`` leaves
-    the environment alone), so code and subprocesses written for S3 talk to it unchanged. One server exports at a
-    time: starting another (a notebook cell run twice) stops the one before, so that none is left running and
-    stopping the new one restores the environment as it was before both.
+    While it runs, ``AWS_ENDPOINT_URL`` and dummy credentials are set in ``os.environ``
+    (``export=False`` leaves the environment alone), so code and subprocesses written for S3 talk to
+    it unchanged. One server exports at a time: starting another (a notebook cell run twice) stops
+    the one before, so that none is left running and stopping the new one restores the environment
+    as it was before both.
     """
 
     exporting = None  # the server whose endpoint os.environ holds
@@ -88,14 +91,16 @@ class S3Server:
 
 
 def client(endpoint_url=None):
-    """A boto3 S3 client: at ``endpoint_url``, else wherever ``AWS_ENDPOINT_URL`` points, else Amazon S3."""
+    """A boto3 S3 client: at ``endpoint_url``, else wherever ``AWS_ENDPOINT_URL`` points, else
+    Amazon S3."""
     import boto3
 
     return boto3.client("s3", endpoint_url=endpoint_url or os.environ.get(ENDPOINT_VARIABLE))
 
 
 def filesystem(endpoint_url=None):
-    """An ``s3fs.S3FileSystem`` with the same rule as ``client`` (a fresh one: never a cached one for an old endpoint)."""
+    """An ``s3fs.S3FileSystem`` with the same rule as ``client`` (a fresh one: never a cached one
+    for an old endpoint)."""
     import s3fs
 
     endpoint_url = endpoint_url or os.environ.get(ENDPOINT_VARIABLE)
@@ -111,9 +116,11 @@ def split_url(url):
 
 
 def upload_files(paths, bucket, prefix="", s3=None, public=False):
-    """Upload local files as ``s3://bucket/<prefix><file name>``; return their ``s3://`` URLs in order.
+    """Upload local files as ``s3://bucket/<prefix><file name>``; return their ``s3://`` URLs in
+    order.
 
-    ``public=True`` makes each object public-read, so plain HTTP GETs without credentials may read it.
+    ``public=True`` makes each object public-read, so plain HTTP GETs without credentials may read
+    it.
     """
     s3 = s3 or client()
     extra = {"ACL": "public-read"} if public else {}
@@ -126,15 +133,16 @@ def upload_files(paths, bucket, prefix="", s3=None, public=False):
 
 
 def http_url(url, endpoint_url=None):
-    """The plain HTTP address of ``s3://bucket/key`` on the endpoint (path style): readable without credentials
-    only when the object is public."""
+    """The plain HTTP address of ``s3://bucket/key`` on the endpoint (path style): readable without
+    credentials only when the object is public."""
     bucket, key = split_url(url)
     endpoint_url = endpoint_url or os.environ.get(ENDPOINT_VARIABLE) or "https://s3.amazonaws.com"
     return f"{endpoint_url.rstrip('/')}/{bucket}/{key}"
 
 
 def pipe_url(url):
-    """A webdataset ``pipe:`` URL that streams ``s3://bucket/key`` through this module's command line."""
+    """A webdataset ``pipe:`` URL that streams ``s3://bucket/key`` through this module's command
+    line."""
     return f"pipe:{sys.executable} -m packdata.s3 {url}"
 
 

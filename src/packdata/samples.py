@@ -1,9 +1,9 @@
 """Where samples come from when something writes them: one source per kind of input.
 
-A source is a picklable callable over sample indices: ``source(i)`` gives ``(key, label, payload bytes)``,
-and ``len(source)`` the number of samples. Packing, shard writing and exporting all read through one, so
-an input is read, checked and encoded the same way whatever it is written into; and a process pool can
-call the same source in every worker (``perprocess.map_in_processes``).
+A source is a picklable callable over sample indices: ``source(i)`` gives ``(key, label, payload
+bytes)``, and ``len(source)`` the number of samples. Packing, shard writing and exporting all read
+through one, so an input is read, checked and encoded the same way whatever it is written into; and
+a process pool can call the same source in every worker (``perprocess.map_in_processes``).
 
     FolderSamples("data/synthetic-small")          # a dataset folder with a manifest, in key order
     DatasetSamples(torchvision_dataset)            # any map-style dataset of (image, label)
@@ -17,7 +17,8 @@ from .images import as_pil, encode_jpeg, encode_payload
 
 
 class FolderSamples:
-    """Sample ``i`` of a dataset folder (its manifest, in key order) as ``(key, label, payload)``."""
+    """Sample ``i`` of a dataset folder (its manifest, in key order) as ``(key, label,
+    payload)``."""
 
     def __init__(self, root, payload="jpeg", resize=None):
         self.root, self.payload, self.resize = Path(root), payload, resize
@@ -34,7 +35,8 @@ class FolderSamples:
 
 
 class DatasetSamples:
-    """Sample ``i`` of a map-style dataset of ``(image, label)`` as ``(zero-padded index, label, payload)``.
+    """Sample ``i`` of a map-style dataset of ``(image, label)`` as ``(zero-padded index, label,
+    payload)``.
 
     A label must be an integer (a Python or numpy int, or a one-element integer tensor), and below
     ``num_classes`` when that is given; anything else raises ``ValueError`` naming the sample."""
@@ -62,11 +64,14 @@ class DatasetSamples:
         if self.num_classes is None and label is None:
             raise ValueError(f"sample {index} has label {given!r}; expected an int")
         if self.num_classes is not None and (label is None or not 0 <= label < self.num_classes):
-            raise ValueError(f"sample {index} has label {given!r}; expected an int in 0..{self.num_classes - 1}")
+            raise ValueError(
+                f"sample {index} has label {given!r}; expected an int in 0..{self.num_classes - 1}"
+            )
         return label
 
 
 def sample_source(source, payload="jpeg", resize=None):
-    """The source for ``source``: a dataset folder (a path) or a map-style dataset of ``(image, label)``."""
+    """The source for ``source``: a dataset folder (a path) or a map-style dataset of ``(image,
+    label)``."""
     kind = FolderSamples if isinstance(source, (str, Path)) else DatasetSamples
     return kind(source, payload, resize)

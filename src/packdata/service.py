@@ -1,5 +1,6 @@
-"""A dataset service: the same kind of server as ``netstore.NetworkStore`` with a small JSON API for datasets of files, which
-``DatasetClient`` speaks (``packdata serve ROOT`` runs one from the command line)::
+"""A dataset service: the same kind of server as ``netstore.NetworkStore`` with a small JSON API for
+datasets of files, which ``DatasetClient`` speaks (``packdata serve ROOT`` runs one from the command
+line)::
 
     with DatasetService(root, latency=0.002) as service:
         client = DatasetClient(service.url)
@@ -12,7 +13,7 @@
 ``GET /datasets``                          ``{"datasets": [{"name", "files", "bytes"}]}``
 ``POST /datasets`` ``{"name": "shapes"}``  201 Created; 409 when it exists
 ``GET /datasets/{name}``                   ``{"name", "files": [{"name", "bytes"}]}``
-``PUT /datasets/{name}/{file}``            201 Created (200 when it replaced a file); 413 when too big
+``PUT /datasets/{name}/{file}``            201 Created (200 when it replaced one); 413 when too big
 ``GET /datasets/{name}/{file}``            the bytes (``Range`` honoured, 206)
 ========================================  ===================================================
 
@@ -23,6 +24,7 @@ dot, so nothing can be read or written outside ``root``. An upload goes to a hid
 that is renamed only once all the bytes its ``Content-Length`` declared have arrived.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -36,12 +38,14 @@ from .atomic import written_atomically
 from .httpclient import HttpClient
 from .netstore import CHUNK, FileHandler, ServedFolder, bandwidth_delay
 
-NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")  # one path component, never hidden, never "." or ".."
+# one path component, never hidden, never "." or ".."
+NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
 MAX_UPLOAD = 1 << 30  # 1 GiB: the default largest upload a DatasetService accepts
 
 
 def is_valid_name(name):
-    """True for a dataset or file name the service accepts: one safe path component (see the module docstring)."""
+    """True for a dataset or file name the service accepts: one safe path component (see the module
+    docstring)."""
     return isinstance(name, str) and NAME.fullmatch(name) is not None
 
 
@@ -77,30 +81,42 @@ class _ServiceHandler(FileHandler):
         try:
             method(self.parts(), **kwargs)
         except _Refused as refusal:
-            unread = not self.body_read and (self.headers.get("Content-Length", "0") != "0"
-                                             or "Transfer-Encoding" in self.headers)
-            if refusal.close or unread:  # a body left unread would be taken for the next request: hang up
+            unread = not self.body_read and (
+                self.headers.get("Content-Length", "0") != "0"
+                or "Transfer-Encoding" in self.headers
+            )
+            # a body left unread would be taken for the next request: hang up
+            if refusal.close or unread:
                 self.close_connection = True
                 self.refuse(refusal.status, refusal.message, {"Connection": "close"})
             else:
                 self.refuse(refusal.status, refusal.message)
 
     def parts(self):
-        """The request path as validated names after ``/datasets``: ``[]``, ``[dataset]`` or ``[dataset, file]``."""
+        """The request path as validated names after ``/datasets``: ``[]``, ``[dataset]`` or
+        ``[dataset, file]``."""
         path = self.path.split("?", 1)[0]
         if path.rstrip("/") == "/datasets":
             return []
         if not path.startswith("/datasets/"):
-            raise _Refused(HTTPStatus.NOT_FOUND, f"not found: {self.path} (the API lives under /datasets)")
-        names = [urllib.parse.unquote(part) for part in path[len("/datasets/"):].split("/")]
+            raise _Refused(
+                HTTPStatus.NOT_FOUND, f"not found: {self.path} (the API lives under /datasets)"
+            )
+        names = [urllib.parse.unquote(part) for part in path[len("/datasets/") :].split("/")]
         if len(names) == 2 and names[1] == "":
             names = names[:1]  # /datasets/NAME/ is the dataset, as a base URL for its files
         if len(names) > 2:
-            raise _Refused(HTTPStatus.BAD_REQUEST, f"refused: {self.path} is nested deeper than /datasets/NAME/FILE")
+            raise _Refused(
+                HTTPStatus.BAD_REQUEST,
+                f"refused: {self.path} is nested deeper than /datasets/NAME/FILE",
+            )
         for name in names:
             if not is_valid_name(name):
-                raise _Refused(HTTPStatus.BAD_REQUEST, f"refused: {name!r} is not a valid name (use letters, digits, "
-                                                       "'.', '_' and '-', not starting with a dot)")
+                raise _Refused(
+                    HTTPStatus.BAD_REQUEST,
+                    f"refused: {name!r} is not a valid name (use letters, digits, "
+                    "'.', '_' and '-', not starting with a dot)",
+                )
         return names
 
     def dataset_folder(self, name):
@@ -123,9 +139,12 @@ class _ServiceHandler(FileHandler):
     def get(self, names, send_body):
         root = self.server.served.root
         if not names:
-            datasets = [{"name": entry.name, "files": len(files), "bytes": sum(f["bytes"] for f in files)}
-                        for entry in sorted(root.iterdir()) if is_valid_name(entry.name) and entry.is_dir()
-                        for files in [list_files(entry)]]
+            datasets = [
+                {"name": entry.name, "files": len(files), "bytes": sum(f["bytes"] for f in files)}
+                for entry in sorted(root.iterdir())
+                if is_valid_name(entry.name) and entry.is_dir()
+                for files in [list_files(entry)]
+            ]
             return self.send_json(HTTPStatus.OK, {"datasets": datasets})
         folder = self.dataset_folder(names[0])
         if len(names) == 1:
@@ -137,17 +156,26 @@ class _ServiceHandler(FileHandler):
 
     def post(self, names):
         if names:
-            raise _Refused(HTTPStatus.METHOD_NOT_ALLOWED, "POST only to /datasets, with {\"name\": ...}")
+            raise _Refused(
+                HTTPStatus.METHOD_NOT_ALLOWED, 'POST only to /datasets, with {"name": ...}'
+            )
         document = self.read_json()
         name = document.get("name") if isinstance(document, dict) else None
         if not is_valid_name(name):
-            raise _Refused(HTTPStatus.BAD_REQUEST, f"refused: {name!r} is not a valid dataset name (send "
-                                                   "{\"name\": \"...\"} with letters, digits, '.', '_', '-')")
+            raise _Refused(
+                HTTPStatus.BAD_REQUEST,
+                f"refused: {name!r} is not a valid dataset name (send "
+                "{\"name\": \"...\"} with letters, digits, '.', '_', '-')",
+            )
         try:
             (self.server.served.root / name).mkdir()
         except FileExistsError:
-            raise _Refused(HTTPStatus.CONFLICT, f"a dataset named {name!r} exists already") from None
-        self.send_json(HTTPStatus.CREATED, {"name": name, "files": []}, {"Location": f"/datasets/{name}"})
+            raise _Refused(
+                HTTPStatus.CONFLICT, f"a dataset named {name!r} exists already"
+            ) from None
+        self.send_json(
+            HTTPStatus.CREATED, {"name": name, "files": []}, {"Location": f"/datasets/{name}"}
+        )
 
     def read_json(self, limit=64 * 1024):
         length = self.declared_length(limit)
@@ -160,13 +188,24 @@ class _ServiceHandler(FileHandler):
     def declared_length(self, limit):
         """The body's ``Content-Length``: required, and at most ``limit`` bytes."""
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise _Refused(HTTPStatus.LENGTH_REQUIRED, "send a Content-Length; chunked bodies are not accepted", True)
+            raise _Refused(
+                HTTPStatus.LENGTH_REQUIRED,
+                "send a Content-Length; chunked bodies are not accepted",
+                True,
+            )
         value = self.headers.get("Content-Length")
         if value is None or not value.isdigit():
-            raise _Refused(HTTPStatus.LENGTH_REQUIRED, "a Content-Length header is required", close=value is not None)
+            raise _Refused(
+                HTTPStatus.LENGTH_REQUIRED,
+                "a Content-Length header is required",
+                close=value is not None,
+            )
         if int(value) > limit:
-            raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                           f"{int(value):,} bytes is more than this server accepts ({limit:,})", close=True)
+            raise _Refused(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"{int(value):,} bytes is more than this server accepts ({limit:,})",
+                close=True,
+            )
         return int(value)
 
     def put(self, names):
@@ -178,19 +217,28 @@ class _ServiceHandler(FileHandler):
         target = folder / names[1]
         existed = target.is_file()
         try:
-            with written_atomically(target) as file:  # a hidden temporary name until every byte arrived
+            # a hidden temporary name until every byte arrived
+            with written_atomically(target) as file:
                 self.receive(file, length, service.bandwidth)
         except ConnectionError as error:
-            raise _Refused(HTTPStatus.BAD_REQUEST, f"upload incomplete: {error}", close=True) from None
+            raise _Refused(
+                HTTPStatus.BAD_REQUEST, f"upload incomplete: {error}", close=True
+            ) from None
         status = HTTPStatus.OK if existed else HTTPStatus.CREATED
-        self.send_json(status, {"name": names[1], "bytes": length}, {"Location": f"/datasets/{names[0]}/{names[1]}"})
+        self.send_json(
+            status,
+            {"name": names[1], "bytes": length},
+            {"Location": f"/datasets/{names[0]}/{names[1]}"},
+        )
 
     def receive(self, file, length, bandwidth):
         started, received = time.perf_counter(), 0
         while received < length:
             chunk = self.rfile.read(min(CHUNK, length - received))
             if not chunk:
-                raise ConnectionError(f"the client sent {received:,} of the {length:,} bytes it declared")
+                raise ConnectionError(
+                    f"the client sent {received:,} of the {length:,} bytes it declared"
+                )
             file.write(chunk)
             received += len(chunk)
             self.pause(bandwidth_delay(started, received, bandwidth))
@@ -198,23 +246,36 @@ class _ServiceHandler(FileHandler):
 
 
 def list_files(folder):
-    """``[{"name", "bytes"}]`` of the files of one dataset folder, sorted; temporary uploads are hidden."""
-    return [{"name": entry.name, "bytes": entry.stat().st_size}
-            for entry in sorted(Path(folder).iterdir(), key=lambda entry: entry.name)
-            if is_valid_name(entry.name) and entry.is_file()]
+    """``[{"name", "bytes"}]`` of the files of one dataset folder, sorted; temporary uploads are
+    hidden."""
+    return [
+        {"name": entry.name, "bytes": entry.stat().st_size}
+        for entry in sorted(Path(folder).iterdir(), key=lambda entry: entry.name)
+        if is_valid_name(entry.name) and entry.is_file()
+    ]
 
 
 class DatasetService(ServedFolder):
-    """A dataset store: datasets of files under ``root``, served with the JSON API of the module docstring.
+    """A dataset store: datasets of files under ``root``, served with the JSON API of the module
+    docstring.
 
-    Binds to ``host`` (loopback unless told otherwise) on ``port`` (0: the OS picks one); waits ``latency`` s per
-    request, caps each transfer at ``bandwidth`` bytes/s when set, and refuses uploads over ``max_upload`` bytes.
+    Binds to ``host`` (loopback unless told otherwise) on ``port`` (0: the OS picks one); waits
+    ``latency`` s per request, caps each transfer at ``bandwidth`` bytes/s when set, and refuses
+    uploads over ``max_upload`` bytes.
     """
 
     handler = _ServiceHandler
 
-    def __init__(self, root, latency=0, bandwidth=None, host="127.0.0.1", port=0, max_upload=MAX_UPLOAD,
-                 verbose=False):
+    def __init__(
+        self,
+        root,
+        latency=0,
+        bandwidth=None,
+        host="127.0.0.1",
+        port=0,
+        max_upload=MAX_UPLOAD,
+        verbose=False,
+    ):
         super().__init__(root, latency, bandwidth, verbose, host, port)
         self.max_upload = max_upload
 
@@ -224,7 +285,8 @@ class DatasetService(ServedFolder):
 
 
 class ServiceError(OSError):
-    """The service refused a request; ``status`` is the HTTP status, the message the service's reason."""
+    """The service refused a request; ``status`` is the HTTP status, the message the service's
+    reason."""
 
     def __init__(self, status, message):
         super().__init__(f"HTTP {status}: {message}")
@@ -232,8 +294,9 @@ class ServiceError(OSError):
 
 
 class DatasetClient:
-    """Speak a ``DatasetService``'s API: ``datasets()``, ``create(name)``, ``files(name)``, ``upload(...)``,
-    ``download(...)``, ``url_for(...)``. Keeps one connection per thread; pickles for worker processes."""
+    """Speak a ``DatasetService``'s API: ``datasets()``, ``create(name)``, ``files(name)``,
+    ``upload(...)``, ``download(...)``, ``url_for(...)``. Keeps one connection per thread; pickles
+    for worker processes."""
 
     def __init__(self, url, timeout=60.0):
         self.http = HttpClient(url, timeout)
@@ -245,8 +308,8 @@ class DatasetClient:
         return self.url + path + (urllib.parse.quote(file, safe="") if file is not None else "")
 
     def request(self, method, path, body=None, headers=None):
-        """``(status, body)`` of one request (``HttpClient.request`` says when it is repeated); any status of
-        400 or more raises ``ServiceError``."""
+        """``(status, body)`` of one request (``HttpClient.request`` says when it is repeated); any
+        status of 400 or more raises ``ServiceError``."""
         response, data = self.http.request(method, self.url + path, body, headers)
         if response.status >= 400:
             try:
@@ -274,7 +337,8 @@ class DatasetClient:
         return json.loads(self.request("GET", self._path(dataset))[1])["files"]
 
     def upload(self, dataset, file, data):
-        """Store ``data`` (bytes, or a local path to send) as ``file`` in ``dataset``; returns the file's URL."""
+        """Store ``data`` (bytes, or a local path to send) as ``file`` in ``dataset``; returns the
+        file's URL."""
         headers = {"Content-Type": "application/octet-stream"}
         if isinstance(data, (str, Path)):
             with open(data, "rb") as body:
@@ -285,7 +349,8 @@ class DatasetClient:
         return self.url_for(dataset, file)
 
     def download(self, dataset, file, to=None):
-        """The bytes of ``file``, or, with ``to``, written to that path (atomically); returns the path then."""
+        """The bytes of ``file``, or, with ``to``, written to that path (atomically); returns the
+        path then."""
         data = self.request("GET", self._path(dataset, file))[1]
         if to is None:
             return data
@@ -294,15 +359,16 @@ class DatasetClient:
         return Path(to)
 
     def _path(self, dataset, file=None):
-        return self.url_for(dataset, file)[len(self.url):]
+        return self.url_for(dataset, file)[len(self.url) :]
 
 
 def serve(root, latency=0, bandwidth=None, host="127.0.0.1", port=8080, max_upload=MAX_UPLOAD):
     """Run a ``DatasetService`` in the foreground until interrupted (``packdata serve``)."""
     Path(root).mkdir(parents=True, exist_ok=True)
     with DatasetService(root, latency, bandwidth, host, port, max_upload, verbose=True) as service:
-        print(f"serving datasets from {service.root} at {service.url}datasets (Ctrl-C stops)", flush=True)
-        try:
+        print(
+            f"serving datasets from {service.root} at {service.url}datasets (Ctrl-C stops)",
+            flush=True,
+        )
+        with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
-        except KeyboardInterrupt:
-            pass

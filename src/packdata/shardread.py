@@ -1,10 +1,12 @@
-"""Read a shard whole, locally or over HTTP, as samples; count them, describe a shard, show its images.
+"""Read a shard whole, locally or over HTTP, as samples; count them, describe a shard, show its
+images.
 
     for sample in iter_shard_samples("data/shards/train-{000000..000009}.tar"):
         sample["__key__"], sample["jpg"], sample["cls"]
     describe_shard("data/shards/train-000000.tar")    # samples, members, bytes, extensions
 
-These are the tools for looking at shards and rewriting them; the training-time reader is ``streaming``.
+These are the tools for looking at shards and rewriting them; the training-time reader is
+``streaming``.
 """
 
 import urllib.parse
@@ -18,9 +20,11 @@ from .images import IMAGE_FIELDS, decode_image
 from .layout import expand_shards, group_samples, is_meta, members_of, raise_now, split_member
 from .tarscan import scan_buffer
 
+
 @cache
 def client_for(base_url):
-    """One keep-alive ``HttpClient`` per server; it opens its own connections in each process and thread."""
+    """One keep-alive ``HttpClient`` per server; it opens its own connections in each process and
+    thread."""
     return HttpClient(base_url)
 
 
@@ -36,55 +40,74 @@ def read_shard(shard):
 def count_shard_samples(shard):
     """The number of samples (distinct keys) in one shard, from its headers."""
     data = read_shard(shard)
-    return len({split_member(name)[0] for name, _, _ in scan_buffer(data, shard) if not is_meta(name)})
+    return len(
+        {split_member(name)[0] for name, _, _ in scan_buffer(data, shard) if not is_meta(name)}
+    )
 
 
 def _samples_in(data, shard, members):
     """The samples of the shard read whole into ``data``, given its ``scan_buffer`` ``members``."""
-    named = ((name, data[start:start + size]) for name, start, size in members if not is_meta(name))
+    named = (
+        (name, data[start : start + size]) for name, start, size in members if not is_meta(name)
+    )
     return group_samples(named, shard, raise_now)
 
 
 def iter_shard_samples(shards):
-    """The samples (``{"__key__", "__url__", ext: bytes}``) of each shard in turn; problems raise, naming the shard."""
+    """The samples (``{"__key__", "__url__", ext: bytes}``) of each shard in turn; problems raise,
+    naming the shard."""
     for shard in expand_shards(shards):
         data = read_shard(shard)
         yield from _samples_in(data, shard, scan_buffer(data, shard))
 
 
 def describe_shard(shard):
-    """``{"shard", "samples", "members", "bytes", "extensions": {ext: count}, "member_sizes": [(name, size)]}`` of
-    one shard, from one read of it; ``member_sizes`` lists every regular file, ``__manifest__``-like ones too."""
+    """``{"shard", "samples", "members", "bytes", "extensions": {ext: count}, "member_sizes":
+    [(name, size)]}`` of one shard, from one read of it; ``member_sizes`` lists every regular file,
+    ``__manifest__``-like ones too."""
     data = read_shard(shard)
     members = scan_buffer(data, shard)
     samples, extensions = 0, Counter()
     for sample in _samples_in(data, shard, members):
         samples += 1
         extensions.update(members_of(sample).keys())
-    return {"shard": shard, "samples": samples, "members": sum(extensions.values()), "bytes": len(data),
-            "extensions": dict(sorted(extensions.items())), "member_sizes": [(name, size) for name, _, size in members]}
+    return {
+        "shard": shard,
+        "samples": samples,
+        "members": sum(extensions.values()),
+        "bytes": len(data),
+        "extensions": dict(sorted(extensions.items())),
+        "member_sizes": [(name, size) for name, _, size in members],
+    }
 
 
 def format_shard(info):
     """One line for ``describe_shard``'s answer."""
-    extensions = " ".join(f".{extension}×{count}" for extension, count in info["extensions"].items())
+    extensions = " ".join(
+        f".{extension}×{count}" for extension, count in info["extensions"].items()
+    )
     counts = f"{info['samples']} samples\t{info['members']} members\t{info['bytes']:,} bytes"
     return f"{info['shard']}\t{counts}\t{extensions}"
 
 
 def format_sample(sample):
     """One line per sample: its key, shard, members with sizes, and the label when there is one."""
-    members = ", ".join(f"{extension} ({len(data):,} B)" for extension, data in members_of(sample).items())
+    members = ", ".join(
+        f"{extension} ({len(data):,} B)" for extension, data in members_of(sample).items()
+    )
     label = f"  label {sample['cls'].decode()}" if "cls" in sample else ""
     return f"{sample['__key__']}  [{sample['__url__']}]  {members}{label}"
 
 
 def show_shard(shard, count=8, ax_size=1.2):
-    """The first ``count`` images of a shard with their key and label; returns the matplotlib figure."""
+    """The first ``count`` images of a shard with their key and label; returns the matplotlib
+    figure."""
     import matplotlib.pyplot as plt
 
     samples = list(islice(iter_shard_samples([shard]), count))
-    fig, axes = plt.subplots(1, len(samples), figsize=(len(samples) * ax_size, ax_size * 1.3), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(samples), figsize=(len(samples) * ax_size, ax_size * 1.3), squeeze=False
+    )
     for ax, sample in zip(axes[0], samples):
         image = next(value for key, value in sample.items() if key in IMAGE_FIELDS)
         ax.imshow(decode_image(image).permute(1, 2, 0).numpy())

@@ -1,14 +1,15 @@
 """Write, split and join tar shards in webdataset layout (``<key>.jpg``, ``<key>.cls``, …).
 
-    write_shards(root, "data/shards", maxcount=1000)        # the dataset folder, shuffled, 1,000 samples a shard
-    write_shards(torchvision_dataset, "data/shards")        # any map-style dataset of (image, label)
-    split_tar("train.tar", "data/shards", maxsize=10e6)     # one big tar into shards, samples kept whole
-    cat_shards(["a.tar", "b.tar"], "ab.tar")                # shards into one
+    write_shards(root, "data/shards", maxcount=1000)        # the dataset folder, shuffled, 1,000
+    samples a shard write_shards(torchvision_dataset, "data/shards")        # any map-style dataset
+    of (image, label) split_tar("train.tar", "data/shards", maxsize=10e6)     # one big tar into
+    shards, samples kept whole cat_shards(["a.tar", "b.tar"], "ab.tar")                # shards into
+    one
 
-A set of shards appears only once all of it is written: the shards are written into a hidden folder, then moved
-into place, and older shards of the same prefix beyond the new set removed; a failed run leaves the old set as it
-was. A sample never straddles two shards. Members use ``pack_tar``'s conventions: ustar headers with fixed owner
-and time.
+A set of shards appears only once all of it is written: the shards are written into a hidden folder,
+then moved into place, and older shards of the same prefix beyond the new set removed; a failed run
+leaves the old set as it was. A sample never straddles two shards. Members use ``pack_tar``'s
+conventions: ustar headers with fixed owner and time.
 """
 
 import os
@@ -47,19 +48,27 @@ def sample_bytes(key, members):
 
 
 class ShardWriter:
-    """Write samples into ``out_dir/<prefix>-000000.tar``, ``-000001.tar``, …: a sample goes into the next shard
-    when the current one holds ``maxcount`` samples or the sample would take it past ``maxsize`` bytes (a sample
-    bigger than ``maxsize`` on its own gets a shard to itself: samples are never cut).
+    """Write samples into ``out_dir/<prefix>-000000.tar``, ``-000001.tar``, …: a sample goes into
+    the next shard when the current one holds ``maxcount`` samples or the sample would take it past
+    ``maxsize`` bytes (a sample bigger than ``maxsize`` on its own gets a shard to itself: samples
+    are never cut).
 
-    The new set replaces the old one as a whole: the shards are written into a hidden folder in ``out_dir``
-    and moved into place by ``close`` (then the old ``<prefix>-NNNNNN.tar`` beyond them removed). On an error,
-    or with no sample written, ``out_dir`` is left as it was. (A crash during those final moves can still mix
-    the two sets: renaming many files at once is not atomic.)"""
+    The new set replaces the old one as a whole: the shards are written into a hidden folder in
+    ``out_dir`` and moved into place by ``close`` (then the old ``<prefix>-NNNNNN.tar`` beyond them
+    removed). On an error, or with no sample written, ``out_dir`` is left as it was. (A crash during
+    those final moves can still mix the two sets: renaming many files at once is not atomic.)"""
 
     def __init__(self, out_dir, prefix="train", maxcount=1000, maxsize=None):
         if maxcount < 1 or (maxsize is not None and maxsize <= 0):
-            raise ValueError(f"maxcount must be at least 1 and maxsize positive, got {maxcount} and {maxsize}")
-        self.out_dir, self.prefix, self.maxcount, self.maxsize = Path(out_dir), prefix, maxcount, maxsize
+            raise ValueError(
+                f"maxcount must be at least 1 and maxsize positive, got {maxcount} and {maxsize}"
+            )
+        self.out_dir, self.prefix, self.maxcount, self.maxsize = (
+            Path(out_dir),
+            prefix,
+            maxcount,
+            maxsize,
+        )
         self.shards = []
         self._staging = self._file = None
         self._samples = self._bytes = 0
@@ -68,8 +77,11 @@ class ShardWriter:
         """Add one sample, ``members`` being ``{extension: bytes}``."""
         data = sample_bytes(key, members)
         full = self._samples >= self.maxcount
-        too_big = (self.maxsize is not None and self._samples > 0
-                   and self._bytes + len(data) + len(END_OF_TAR) > self.maxsize)
+        too_big = (
+            self.maxsize is not None
+            and self._samples > 0
+            and self._bytes + len(data) + len(END_OF_TAR) > self.maxsize
+        )
         if self._file is None or full or too_big:
             self._next_shard()
         self._file.write(data)
@@ -79,28 +91,37 @@ class ShardWriter:
         self._finish()
         if self._staging is None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._staging = Path(tempfile.mkdtemp(prefix=f".{self.prefix}.partial-", dir=self.out_dir))
+            self._staging = Path(
+                tempfile.mkdtemp(prefix=f".{self.prefix}.partial-", dir=self.out_dir)
+            )
         path = self.out_dir / SHARD_NAME.format(prefix=self.prefix, index=len(self.shards))
-        self._file, self._samples, self._bytes = open(self._staging / path.name, "wb"), 0, 0  # noqa: SIM115
+        self._file = open(self._staging / path.name, "wb")  # noqa: SIM115 (_finish or _abort closes it)
+        self._samples, self._bytes = 0, 0
         self.shards.append(ShardInfo(path, 0, 0))
 
     def _finish(self):
-        """End the shard being written and put it on disk (the hidden folder is what keeps it out of sight)."""
+        """End the shard being written and put it on disk (the hidden folder is what keeps it out of
+        sight)."""
         if self._file is None:
             return
         with self._file as file:
             file.write(END_OF_TAR)
             file.flush()
             os.fsync(file.fileno())  # on disk before it is moved into place
-        self.shards[-1] = ShardInfo(self.shards[-1].path, self._samples, self._bytes + len(END_OF_TAR))
+        self.shards[-1] = ShardInfo(
+            self.shards[-1].path, self._samples, self._bytes + len(END_OF_TAR)
+        )
         self._file = None
 
     def close(self):
-        """Finish the last shard, move the new shards into place, and remove older ``<prefix>-NNNNNN.tar`` files
-        beyond them. Writing no sample at all is an error (it would leave no shard), and changes nothing."""
+        """Finish the last shard, move the new shards into place, and remove older
+        ``<prefix>-NNNNNN.tar`` files beyond them. Writing no sample at all is an error (it would
+        leave no shard), and changes nothing."""
         if not self.shards:
-            raise ValueError(f"no samples to write into {self.out_dir}: refusing to replace its "
-                             f"{self.prefix}-NNNNNN.tar shards with none")
+            raise ValueError(
+                f"no samples to write into {self.out_dir}: refusing to replace its "
+                f"{self.prefix}-NNNNNN.tar shards with none"
+            )
         self._finish()
         for info in self.shards:
             os.replace(self._staging / info.path.name, info.path)
@@ -129,13 +150,26 @@ class ShardWriter:
             self._abort()
 
 
-def write_shards(source, out_dir, *, prefix="train", maxcount=1000, maxsize=None, shuffle_seed=0, processes=1,
-                 payload="jpeg", resize=None, progress=True):
-    """Write ``source`` (a dataset folder with a manifest, or a map-style dataset of ``(image, label)``) as shards
-    ``out_dir/<prefix>-NNNNNN.tar`` of at most ``maxcount`` samples and ``maxsize`` bytes; return their ``ShardInfo``.
+def write_shards(
+    source,
+    out_dir,
+    *,
+    prefix="train",
+    maxcount=1000,
+    maxsize=None,
+    shuffle_seed=0,
+    processes=1,
+    payload="jpeg",
+    resize=None,
+    progress=True,
+):
+    """Write ``source`` (a dataset folder with a manifest, or a map-style dataset of ``(image,
+    label)``) as shards ``out_dir/<prefix>-NNNNNN.tar`` of at most ``maxcount`` samples and
+    ``maxsize`` bytes; return their ``ShardInfo``.
 
-    Samples are shuffled with ``shuffle_seed`` before sharding (``None`` keeps key order), so every shard holds a
-    mix of classes. ``processes > 1`` reads and encodes in that many processes; the output is the same bytes.
+    Samples are shuffled with ``shuffle_seed`` before sharding (``None`` keeps key order), so every
+    shard holds a mix of classes. ``processes > 1`` reads and encodes in that many processes; the
+    output is the same bytes.
     """
     suffix = checked_suffix(payload, resize)[1:]
     samples = sample_source(source, payload, resize)
@@ -144,18 +178,19 @@ def write_shards(source, out_dir, *, prefix="train", maxcount=1000, maxsize=None
         order = np.random.default_rng(shuffle_seed).permutation(len(samples)).tolist()
     encoded = map_in_processes(samples, order, processes, chunksize=64)
     with closing(encoded), ShardWriter(out_dir, prefix, maxcount, maxsize) as writer:
-        for key, label, data in tqdm(encoded, total=len(order), desc=f"{prefix} shards", unit="img",
-                                     disable=not progress):
+        for key, label, data in tqdm(
+            encoded, total=len(order), desc=f"{prefix} shards", unit="img", disable=not progress
+        ):
             writer.write(key, {suffix: data, "cls": str(label).encode("ascii")})
     return writer.shards
 
 
-# --- working with shards that exist ----------------------------------------------------------------
+# --- working with shards that exist ---------------------------------------------------------------
 
 
 def split_tar(tar, out_dir, *, prefix="train", maxcount=1000, maxsize=None):
-    """Split one tar (``pack_tar``'s, a webdataset shard, …) into shards, samples kept whole and in order; members
-    named ``__*__`` are left out. Returns the ``ShardInfo`` of each shard."""
+    """Split one tar (``pack_tar``'s, a webdataset shard, …) into shards, samples kept whole and in
+    order; members named ``__*__`` are left out. Returns the ``ShardInfo`` of each shard."""
     with ShardWriter(out_dir, prefix, maxcount, maxsize) as writer:
         for sample in iter_shard_samples([tar]):
             writer.write(sample["__key__"], members_of(sample))
@@ -165,7 +200,8 @@ def split_tar(tar, out_dir, *, prefix="train", maxcount=1000, maxsize=None):
 
 
 def write_tar(path, samples):
-    """Write ``(key, {extension: bytes})`` pairs as one shard at ``path``, atomically; returns its ``ShardInfo``."""
+    """Write ``(key, {extension: bytes})`` pairs as one shard at ``path``, atomically; returns its
+    ``ShardInfo``."""
     count, size = 0, 0
     with written_atomically(path) as file:
         for key, members in samples:
@@ -177,12 +213,14 @@ def write_tar(path, samples):
 
 
 def cat_shards(shards, output):
-    """Concatenate shards into one tar at ``output`` (written atomically); a key in two shards is refused."""
+    """Concatenate shards into one tar at ``output`` (written atomically); a key in two shards is
+    refused."""
     return write_tar(output, _with_unique_keys(iter_shard_samples(shards)))
 
 
 def _with_unique_keys(samples):
-    """``(key, members)`` of each sample; a key seen before raises ``ValueError`` naming both shards."""
+    """``(key, members)`` of each sample; a key seen before raises ``ValueError`` naming both
+    shards."""
     seen = {}
     for sample in samples:
         key = sample["__key__"]

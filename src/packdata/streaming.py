@@ -1,16 +1,20 @@
 """Stream samples from tar shards: an ``IterableDataset`` built from small generator stages.
 
-Every epoch, each DataLoader worker of each rank runs the same pipeline on its own part of the data::
+Every epoch, each DataLoader worker of each rank runs the same pipeline on its own part of the
+data::
 
-    shard list ─ expand_shards ─ shuffle_shards(seed, epoch) ─ split_shards(rank, world size, worker, workers)
-      ─ read_tuples (one read or GET per shard, members grouped by key) ─ shuffle_buffer ─ decode ─ batched
+    shard list ─ expand_shards ─ shuffle_shards(seed, epoch) ─ split_shards(rank, world size,
+    worker, workers)
+      ─ read_tuples (one read or GET per shard, members grouped by key) ─ shuffle_buffer ─ decode ─
+      batched
 
-All ranks and workers shuffle the shard list with the same seed before splitting it, so the parts never
-overlap and every sample arrives exactly once per epoch across all ranks and workers. ``set_epoch`` picks
-a new shard order; the shuffle buffer then mixes samples from the shards a worker has open.
+All ranks and workers shuffle the shard list with the same seed before splitting it, so the parts
+never overlap and every sample arrives exactly once per epoch across all ranks and workers.
+``set_epoch`` picks a new shard order; the shuffle buffer then mixes samples from the shards a
+worker has open.
 
-    dataset = ShardDataset("data/shards/train-{000000..000009}.tar", buffer_size=1000, rank=0, world_size=1)
-    loader = DataLoader(dataset, batch_size=64, num_workers=2)
+    dataset = ShardDataset("data/shards/train-{000000..000009}.tar", buffer_size=1000, rank=0,
+    world_size=1) loader = DataLoader(dataset, batch_size=64, num_workers=2)
 """
 
 import operator
@@ -43,34 +47,43 @@ def shuffle_shards(shards, seed, epoch):
 
 
 def split_shards(shards, rank, world_size, worker, num_workers):
-    """This worker's shards: every ``world_size``-th for the rank, then every ``num_workers``-th of those.
-    Over all ranks and workers the parts are disjoint and cover the list."""
+    """This worker's shards: every ``world_size``-th for the rank, then every ``num_workers``-th of
+    those. Over all ranks and workers the parts are disjoint and cover the list."""
     return list(shards)[rank::world_size][worker::num_workers]
 
 
-# --- reading ---------------------------------------------------------------------------------------
+# --- reading --------------------------------------------------------------------------------------
 
 
 def read_tuples(shards, keys, report):
     """The ``keys`` tuples of each shard's samples in turn, the fast way when the shard allows it.
 
-    ``chain`` drops each shard's iterator, and with it the shard's bytes, before it reads the next shard: two
-    shards alive at once would send the memory of one back to the system after every shard, and the next read would
-    pay a page fault per 4 KiB to get it back."""
+    ``chain`` drops each shard's iterator, and with it the shard's bytes, before it reads the next
+    shard: two shards alive at once would send the memory of one back to the system after every
+    shard, and the next read would pay a page fault per 4 KiB to get it back."""
     return chain.from_iterable(shard_tuples(shard, keys, report) for shard in shards)
 
 
 def shard_tuples(shard, keys, report):
-    """An iterator over the ``keys`` tuples of one shard's samples. A shard that cannot be read (missing, truncated,
-    not a tar, HTTP error) goes to ``report`` as one problem with the shard, and yields nothing."""
+    """An iterator over the ``keys`` tuples of one shard's samples. A shard that cannot be read
+    (missing, truncated, not a tar, HTTP error) goes to ``report`` as one problem with the shard,
+    and yields nothing."""
     try:
         data = read_shard(shard)
         plain = plain_tuples(data, shard, keys)
-        members = None if plain is not None else [item for item in iter_buffer(data, shard) if not is_meta(item[0])]
+        members = (
+            None
+            if plain is not None
+            else [item for item in iter_buffer(data, shard) if not is_meta(item[0])]
+        )
     except (OSError, TarFormatError) as error:
         report(error, shard=shard)
         return iter(())
-    return plain if plain is not None else to_tuple(group_samples(members, shard, report), keys, report)
+    return (
+        plain
+        if plain is not None
+        else to_tuple(group_samples(members, shard, report), keys, report)
+    )
 
 
 def to_tuple(samples, keys, report):
@@ -80,13 +93,18 @@ def to_tuple(samples, keys, report):
             yield tuple(sample[key] for key in keys)
         except KeyError as missing:
             have = ", ".join(key for key in sample if not key.startswith("__"))
-            report(ShardError(f"{sample['__url__']}: sample {sample['__key__']!r} has no '.{missing.args[0]}' member "
-                              f"(it has: {have}); a sample missing its label?"))
+            report(
+                ShardError(
+                    f"{sample['__url__']}: sample {sample['__key__']!r} has no "
+                    f"'.{missing.args[0]}' member "
+                    f"(it has: {have}); a sample missing its label?"
+                )
+            )
 
 
 def shuffle_buffer(samples, size, rng):
-    """Shuffle a stream with a buffer of ``size``: fill it first, then yield a random element for each new one,
-    finally drain it in random order. ``size`` ≤ 1 leaves the order alone."""
+    """Shuffle a stream with a buffer of ``size``: fill it first, then yield a random element for
+    each new one, finally drain it in random order. ``size`` ≤ 1 leaves the order alone."""
     if size <= 1:
         yield from samples
         return
@@ -103,7 +121,8 @@ def shuffle_buffer(samples, size, rng):
 
 
 def decode_field(value, key, decoder="pil"):
-    """A member's bytes as the training loop wants it: images as ``uint8`` CHW tensors, ``cls`` as an int."""
+    """A member's bytes as the training loop wants it: images as ``uint8`` CHW tensors, ``cls`` as
+    an int."""
     if key in IMAGE_FIELDS:
         return decode_image(value, decoder)
     if key == "cls":
@@ -112,8 +131,9 @@ def decode_field(value, key, decoder="pil"):
 
 
 def decode(items, keys, transform, decoder, report):
-    """Decode each tuple field by its key; ``transform`` applies to the first image field. Items arrive as
-    ``(shard, sample key, *fields)`` and leave as the decoded fields, so that a sample that cannot be decoded is named."""
+    """Decode each tuple field by its key; ``transform`` applies to the first image field. Items
+    arrive as ``(shard, sample key, *fields)`` and leave as the decoded fields, so that a sample
+    that cannot be decoded is named."""
     image = next((index for index, key in enumerate(keys) if key in IMAGE_FIELDS), None)
     for shard, sample_key, *item in items:
         try:
@@ -133,12 +153,12 @@ def batched(items, batch_size, collate=default_collate):
         yield collate(batch)
 
 
-# --- counting, skipping, equalising ----------------------------------------------------------------
+# --- counting, skipping, equalising ---------------------------------------------------------------
 
 
 def equal_quotas(counts, target):
-    """Trim per-worker sample counts to sum to ``target`` (≤ their sum), always taking from the largest: the same
-    answer in every process that computes it."""
+    """Trim per-worker sample counts to sum to ``target`` (≤ their sum), always taking from the
+    largest: the same answer in every process that computes it."""
     quotas = list(counts)
     for _ in range(sum(quotas) - target):
         largest = max(range(len(quotas)), key=lambda w: (quotas[w], -w))
@@ -165,70 +185,119 @@ class Skips:
     def summary(self):
         more = len(self.reasons) - 3
         examples = "; ".join(self.reasons[:3]) + (f"; and {more} more" if more > 0 else "")
-        return f"{self.where} skipped {self.shards} shard(s) and {self.samples} sample(s) this epoch: {examples}"
+        return (
+            f"{self.where} skipped {self.shards} shard(s) and {self.samples} sample(s) this epoch: "
+            f"{examples}"
+        )
 
 
 def distributed_rank():
-    """``(rank, world size)`` of this process: from ``torch.distributed`` when initialised, else from the ``RANK``
-    and ``WORLD_SIZE`` variables ``torchrun`` sets, else ``(0, 1)``."""
+    """``(rank, world size)`` of this process: from ``torch.distributed`` when initialised, else
+    from the ``RANK`` and ``WORLD_SIZE`` variables ``torchrun`` sets, else ``(0, 1)``."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-# --- the dataset -----------------------------------------------------------------------------------
+# --- the dataset ----------------------------------------------------------------------------------
 
 
 class ShardDataset(IterableDataset):
-    """Stream ``(image, label)`` (or the ``keys`` you name) from tar shards, each sample exactly once per epoch
-    across all ranks and DataLoader workers.
+    """Stream ``(image, label)`` (or the ``keys`` you name) from tar shards, each sample exactly
+    once per epoch across all ranks and DataLoader workers.
 
     - ``shards``: a brace pattern, paths or ``http://`` URLs (a list, or one string).
-    - ``rank``/``world_size``: this process's place among the training processes (default: ``distributed_rank``).
-    - ``seed`` and ``set_epoch(epoch)``: the shard order, reshuffled every epoch (``shuffle=False`` keeps it).
+    - ``rank``/``world_size``: this process's place among the training processes (default:
+      ``distributed_rank``).
+    - ``seed`` and ``set_epoch(epoch)``: the shard order, reshuffled every epoch (``shuffle=False``
+      keeps it).
     - ``buffer_size``: the sample shuffle buffer per worker (0: none).
-    - ``decode``/``transform``/``decoder``: decode images to tensors and labels to ints; ``decode=False`` yields bytes.
+    - ``decode``/``transform``/``decoder``: decode images to tensors and labels to ints;
+      ``decode=False`` yields bytes.
     - ``batch_size``: collate batches inside the workers (then use ``DataLoader(batch_size=None)``).
-    - ``errors="skip"``: leave out unreadable shards and bad samples, and warn with their count at the end of
-      each worker's epoch (also kept in ``last_skips`` when iterating in this process); default ``"raise"``.
-    - ``equalize=True``: every rank yields the same number of samples per epoch (the smallest rank's); the surplus
-      is left out (a different part each epoch when the shard order is shuffled). Equal samples are not yet equal
-      steps: each DataLoader worker batches its own samples, so a rank can still get one batch more than another.
-      Stop every rank after the same number of batches (``train.common_steps``) so that none waits for the others.
-    - ``sizes``: samples per shard (same order as the expanded list) when known; counted from the shards otherwise.
-    - ``splitter``/``buffer``: replace the ``split_shards`` and ``shuffle_buffer`` stages (used by the exercises).
+    - ``errors="skip"``: leave out unreadable shards and bad samples, and warn with their count at
+      the end of each worker's epoch (also kept in ``last_skips`` when iterating in this process);
+      default ``"raise"``.
+    - ``equalize=True``: every rank yields the same number of samples per epoch (the smallest
+      rank's); the surplus is left out (a different part each epoch when the shard order is
+      shuffled). Equal samples are not yet equal steps: each DataLoader worker batches its own
+      samples, so a rank can still get one batch more than another. Stop every rank after the same
+      number of batches (``train.common_steps``) so that none waits for the others.
+    - ``sizes``: samples per shard (same order as the expanded list) when known; counted from the
+      shards otherwise.
+    - ``splitter``/``buffer``: replace the ``split_shards`` and ``shuffle_buffer`` stages (used by
+      the exercises).
     """
 
-    def __init__(self, shards, *, rank=None, world_size=None, seed=0, shuffle=True, buffer_size=0, keys=("jpg", "cls"),
-                 decode=True, transform=None, decoder="pil", batch_size=None, errors="raise", equalize=False,
-                 sizes=None, splitter=split_shards, buffer=shuffle_buffer):
+    def __init__(
+        self,
+        shards,
+        *,
+        rank=None,
+        world_size=None,
+        seed=0,
+        shuffle=True,
+        buffer_size=0,
+        keys=("jpg", "cls"),
+        decode=True,
+        transform=None,
+        decoder="pil",
+        batch_size=None,
+        errors="raise",
+        equalize=False,
+        sizes=None,
+        splitter=split_shards,
+        buffer=shuffle_buffer,
+    ):
         self.shards = expand_shards(shards)
         default_rank, default_world_size = distributed_rank()
         self.rank = default_rank if rank is None else operator.index(rank)
         self.world_size = default_world_size if world_size is None else operator.index(world_size)
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in 0..world_size-1, got rank {self.rank} of {self.world_size}")
+            raise ValueError(
+                f"rank must be in 0..world_size-1, got rank {self.rank} of {self.world_size}"
+            )
         check_decoder(decoder)
         if transform is not None and not (decode and any(key in IMAGE_FIELDS for key in keys)):
-            raise ValueError(f"transform applies to a decoded image, and keys={tuple(keys)} with decode={decode} "
-                             f"yields none: name an image key ({', '.join(IMAGE_FIELDS)}) and keep decode=True")
+            raise ValueError(
+                f"transform applies to a decoded image, and keys={tuple(keys)} with "
+                f"decode={decode} "
+                f"yields none: name an image key ({', '.join(IMAGE_FIELDS)}) and keep decode=True"
+            )
         if errors not in ERROR_MODES:
             raise ValueError(f"errors must be one of {ERROR_MODES}, got {errors!r}")
         if len(self.shards) < self.world_size:
-            raise ValueError(f"{len(self.shards)} shard(s) for {self.world_size} ranks: a rank without a shard reads "
-                             "nothing (and distributed training waits for it); write at least one shard per rank")
+            raise ValueError(
+                f"{len(self.shards)} shard(s) for {self.world_size} ranks: a rank without a shard "
+                "reads "
+                "nothing (and distributed training waits for it); write at least one shard per rank"
+            )
         if equalize and errors == "skip":
-            raise ValueError("equalize=True needs exact sample counts, and errors='skip' can leave samples out after "
-                             "they were counted; repair or remove the bad shards, or keep errors='raise'")
+            raise ValueError(
+                "equalize=True needs exact sample counts, and errors='skip' can leave samples out "
+                "after "
+                "they were counted; repair or remove the bad shards, or keep errors='raise'"
+            )
         if sizes is not None and len(sizes) != len(self.shards):
             raise ValueError(f"sizes has {len(sizes)} entries for {len(self.shards)} shards")
-        self.seed, self.shuffle, self.buffer_size, self.keys = seed, shuffle, buffer_size, tuple(keys)
-        self.decode, self.transform, self.decoder, self.batch_size = decode, transform, decoder, batch_size
+        self.seed, self.shuffle, self.buffer_size, self.keys = (
+            seed,
+            shuffle,
+            buffer_size,
+            tuple(keys),
+        )
+        self.decode, self.transform, self.decoder, self.batch_size = (
+            decode,
+            transform,
+            decoder,
+            batch_size,
+        )
         self.errors, self.equalize, self.splitter, self.buffer = errors, equalize, splitter, buffer
         self._sizes = None if sizes is None else dict(zip(self.shards, sizes))
         if equalize:
             self.sizes()  # counted once here, not again in every worker
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # seen by workers that outlive an epoch
+        # seen by workers that outlive an epoch
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self.last_skips = None
 
     @property
@@ -236,22 +305,28 @@ class ShardDataset(IterableDataset):
         return int(self._epoch)
 
     def set_epoch(self, epoch):
-        """Use epoch ``epoch``'s shard order (and buffer seed) from the next iteration on. Call it before each epoch,
-        in the main process. The epoch lives in shared memory, so workers kept alive across epochs
-        (``persistent_workers=True``) see it too, not only workers started afterwards."""
+        """Use epoch ``epoch``'s shard order (and buffer seed) from the next iteration on. Call it
+        before each epoch, in the main process. The epoch lives in shared memory, so workers kept
+        alive across epochs (``persistent_workers=True``) see it too, not only workers started
+        afterwards."""
         self._epoch.fill_(operator.index(epoch))
 
     def epoch_order(self):
         """The whole shard list in this epoch's order, as every rank and worker sees it."""
-        return shuffle_shards(self.shards, self.seed, self.epoch) if self.shuffle else list(self.shards)
+        return (
+            shuffle_shards(self.shards, self.seed, self.epoch)
+            if self.shuffle
+            else list(self.shards)
+        )
 
     def shards_for(self, worker=0, num_workers=1):
         """The shards worker ``worker`` of ``num_workers`` on this rank reads this epoch."""
         return self.splitter(self.epoch_order(), self.rank, self.world_size, worker, num_workers)
 
     def sizes(self):
-        """``{shard: number of samples}``, counted (one read per shard) the first time it is needed. With
-        ``errors="skip"`` a shard that cannot be read counts 0 (iterating skips it, and counts it then)."""
+        """``{shard: number of samples}``, counted (one read per shard) the first time it is needed.
+        With ``errors="skip"`` a shard that cannot be read counts 0 (iterating skips it, and counts
+        it then)."""
         if self._sizes is None:
             self._sizes = {shard: self._count(shard) for shard in self.shards}
         return self._sizes
@@ -269,10 +344,14 @@ class ShardDataset(IterableDataset):
         if not self.equalize:
             return None
         sizes, order = self.sizes(), self.epoch_order()
-        per_rank = [sum(sizes[s] for s in self.splitter(order, rank, self.world_size, 0, 1))
-                    for rank in range(self.world_size)]
-        mine = [sum(sizes[s] for s in self.splitter(order, self.rank, self.world_size, w, num_workers))
-                for w in range(num_workers)]
+        per_rank = [
+            sum(sizes[s] for s in self.splitter(order, rank, self.world_size, 0, 1))
+            for rank in range(self.world_size)
+        ]
+        mine = [
+            sum(sizes[s] for s in self.splitter(order, self.rank, self.world_size, w, num_workers))
+            for w in range(num_workers)
+        ]
         return equal_quotas(mine, min(per_rank))[worker]
 
     def __len__(self):
@@ -287,7 +366,8 @@ class ShardDataset(IterableDataset):
         return self.iterate(*(0, 1) if info is None else (info.id, info.num_workers))
 
     def iterate(self, worker=0, num_workers=1):
-        """The pipeline of one worker: what ``__iter__`` runs in DataLoader worker ``worker`` of ``num_workers``."""
+        """The pipeline of one worker: what ``__iter__`` runs in DataLoader worker ``worker`` of
+        ``num_workers``."""
         where = f"rank {self.rank} worker {worker}"
         report = Skips(where) if self.errors == "skip" else raise_now
         provenance = ("__url__", "__key__") if self.decode else ()  # for decode's error messages
@@ -296,7 +376,9 @@ class ShardDataset(IterableDataset):
         if quota is not None:
             samples = islice(samples, quota)
         if self.buffer_size > 1:
-            samples = self.buffer(samples, self.buffer_size, random.Random(f"buffer:{self.seed}:{self.epoch}:{where}"))
+            samples = self.buffer(
+                samples, self.buffer_size, random.Random(f"buffer:{self.seed}:{self.epoch}:{where}")
+            )
         if self.decode:
             samples = decode(samples, self.keys, self.transform, self.decoder, report)
         if self.batch_size:
@@ -304,7 +386,8 @@ class ShardDataset(IterableDataset):
         return samples if report is raise_now else self.reporting(samples, report)
 
     def reporting(self, samples, skips):
-        """Yield from ``samples``, then keep the epoch's ``skips`` in ``last_skips`` and warn when there were any."""
+        """Yield from ``samples``, then keep the epoch's ``skips`` in ``last_skips`` and warn when
+        there were any."""
         yield from samples
         self.last_skips = skips
         if skips:

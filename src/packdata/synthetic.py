@@ -1,8 +1,8 @@
 """The course's synthetic dataset: ten classes of shapes, generated offline and deterministically.
 
-The images are drawn from a random generator seeded by ``(seed, index)`` alone, so the same seed gives
-the same bytes however many processes share the work. Keys are handed out class by class, so sorted
-order is also sorted by class.
+The images are drawn from a random generator seeded by ``(seed, index)`` alone, so the same seed
+gives the same bytes however many processes share the work. Keys are handed out class by class, so
+sorted order is also sorted by class.
 
     root = make_dataset(size="small")      # data/synthetic-small: 500 JPEGs and their manifest
 """
@@ -18,7 +18,18 @@ from .imagefolder import data_dir, is_dataset, load_manifest, write_dataset
 from .images import encode_jpeg
 from .perprocess import map_in_processes
 
-CLASSES = ("arrow", "checkerboard", "circle", "cross", "dots", "ring", "square", "star", "stripes", "triangle")
+CLASSES = (
+    "arrow",
+    "checkerboard",
+    "circle",
+    "cross",
+    "dots",
+    "ring",
+    "square",
+    "star",
+    "stripes",
+    "triangle",
+)
 SIZES = {"small": 500, "workshop": 10_000}
 SUPERSAMPLING = 3  # shapes are drawn this many times larger, then shrunk: smooth edges
 IMAGES_PER_WORKER = 1_000  # below this, one process is faster than starting a pool
@@ -62,7 +73,15 @@ def _regular(corners, radius=1.0, inner_radius=None):
 
 
 def _arrow(rng):
-    outline = [(-1, -0.22), (0.15, -0.22), (0.15, -0.6), (1, 0), (0.15, 0.6), (0.15, 0.22), (-1, 0.22)]
+    outline = [
+        (-1, -0.22),
+        (0.15, -0.22),
+        (0.15, -0.6),
+        (1, 0),
+        (0.15, 0.6),
+        (0.15, 0.22),
+        (-1, 0.22),
+    ]
     return [(np.array(outline, dtype=float), True)]
 
 
@@ -88,7 +107,10 @@ def _dots(rng):
     grid = [(x, y) for x in (-0.65, 0, 0.65) for y in (-0.65, 0, 0.65)]
     kept = rng.permutation(len(grid))[: rng.integers(6, 10)]
     jitter = rng.uniform(-0.08, 0.08, size=(len(grid), 2))
-    return [(_disc(*(np.array(grid[i]) + jitter[i]), radius=0.2, corners=16), True) for i in sorted(kept)]
+    return [
+        (_disc(*(np.array(grid[i]) + jitter[i]), radius=0.2, corners=16), True)
+        for i in sorted(kept)
+    ]
 
 
 def _ring(rng):
@@ -162,34 +184,41 @@ def render_image(label, rng, image_size=64):
     for _ in range(rng.choice([0, 0, 1, 2, 3])):  # clutter: thin strokes under the shape
         stroke = [(_box(-1, -0.08, 1, 0.08), True)]
         center = rng.uniform(0, image_size, size=2)
-        coverage = _coverage(stroke, center, rng.uniform(0.08, 0.2) * image_size, rng.uniform(0, np.pi), image_size)
+        coverage = _coverage(
+            stroke, center, rng.uniform(0.08, 0.2) * image_size, rng.uniform(0, np.pi), image_size
+        )
         _paint(image, coverage, rng.integers(0, 256, size=3))
 
     radius = rng.uniform(0.2, 0.36) * image_size
     center = rng.uniform(radius, image_size - radius, size=2)
     scale = radius * rng.uniform(0.85, 1.15, size=2)  # a little stretch, so no two are congruent
     parts = _SHAPES[CLASSES[label]](rng)
-    _paint(image, _coverage(parts, center, scale, rng.uniform(0, 2 * np.pi), image_size), foreground)
+    _paint(
+        image, _coverage(parts, center, scale, rng.uniform(0, 2 * np.pi), image_size), foreground
+    )
 
     image += rng.normal(0, rng.uniform(2, 12), size=image.shape).astype(np.float32)
     return np.clip(image, 0, 255).round().astype(np.uint8)
 
 
 def _synthetic_sample(item, *, seed, image_size):
-    """``(label, jpeg_bytes)`` of ``item``, an ``(index, label)`` pair: a pure function of its arguments."""
+    """``(label, jpeg_bytes)`` of ``item``, an ``(index, label)`` pair: a pure function of its
+    arguments."""
     index, label = item
     rng = np.random.default_rng([seed, index])
     return label, encode_jpeg(Image.fromarray(render_image(label, rng, image_size)))
 
 
 def _balanced_labels(count):
-    """Labels for ``count`` samples: class 0 first, then class 1, ...; sizes differ by at most one."""
+    """Labels for ``count`` samples: class 0 first, then class 1, ...; sizes differ by at most
+    one."""
     per_class, extra = divmod(count, len(CLASSES))
     return [label for label in range(len(CLASSES)) for _ in range(per_class + (label < extra))]
 
 
 def make_dataset(root=None, size=None, seed=0, image_size=64, force=False, progress=True):
-    """Generate the synthetic dataset at ``root`` (default: ``default_root(size)``); return ``root``.
+    """Generate the synthetic dataset at ``root`` (default: ``default_root(size)``); return
+    ``root``.
 
     Returns at once when ``root`` already holds this exact dataset, unless ``force``.
     """
@@ -201,7 +230,13 @@ def make_dataset(root=None, size=None, seed=0, image_size=64, force=False, progr
     if not isinstance(image_size, int) or image_size < 16:
         raise ValueError(f"image_size must be an integer of at least 16 pixels, got {image_size!r}")
 
-    wanted = {"source": "synthetic", "seed": seed, "size": count, "image_size": image_size, "classes": list(CLASSES)}
+    wanted = {
+        "source": "synthetic",
+        "seed": seed,
+        "size": count,
+        "image_size": image_size,
+        "classes": list(CLASSES),
+    }
     if not force and is_dataset(root):
         manifest = load_manifest(root)
         if all(manifest.get(name) == value for name, value in wanted.items()):

@@ -1,4 +1,5 @@
-"""What machine are we on? Versions, cores, accelerator, start method: the facts a loader depends on."""
+"""What machine are we on? Versions, cores, accelerator, start method: the facts a loader depends
+on."""
 
 import math
 import multiprocessing
@@ -12,7 +13,8 @@ PACKAGES = ("torch", "torchvision", "webdataset", "numpy", "pillow", "jupytext",
 
 
 def usable_cores():
-    """CPU cores this process may use: its affinity mask, capped by its container's CPU quota when it has one."""
+    """CPU cores this process may use: its affinity mask, capped by its container's CPU quota when
+    it has one."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -22,19 +24,23 @@ def usable_cores():
 
 
 def cgroup_cpu_quota(root):
-    """The CPU quota of the cgroup whose files are in ``root``, in whole cores (rounded up), or None without one.
+    """The CPU quota of the cgroup whose files are in ``root``, in whole cores (rounded up), or None
+    without one.
 
-    Docker and Kubernetes (and so most JupyterHubs) cap a container's CPUs this way, with cgroup v2's ``cpu.max``
-    or v1's ``cpu.cfs_quota_us``; the affinity mask still lists every core of the machine.
+    Docker and Kubernetes (and so most JupyterHubs) cap a container's CPUs this way, with cgroup
+    v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us``; the affinity mask still lists every core of the
+    machine.
     """
     root = Path(root)
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]  # v2: "max 100000" or "200000 100000"
+        # v2: "max 100000" or "200000 100000"
+        quota, period = (root / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
     except (OSError, ValueError):
         pass
     try:
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())  # v1: -1 when there is no quota
+        # v1: -1 when there is no quota
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
         period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
@@ -42,7 +48,8 @@ def cgroup_cpu_quota(root):
 
 
 def pick_device():
-    """The best torch device here: CUDA, then Apple's MPS, else the CPU. Never required, used when present."""
+    """The best torch device here: CUDA, then Apple's MPS, else the CPU. Never required, used when
+    present."""
     import torch
 
     if torch.cuda.is_available():

@@ -1,7 +1,7 @@
 """A tar's member index: where each member's data starts, so that one read fetches any member.
 
-The index is stored next to the tar as ``<tar>.idx.json`` with the tar's size and mtime; an index whose
-tar has changed since is stale, and is rebuilt (or refused, with ``rebuild=False``).
+The index is stored next to the tar as ``<tar>.idx.json`` with the tar's size and mtime; an index
+whose tar has changed since is stale, and is rebuilt (or refused, with ``rebuild=False``).
 
     members = load_index("train.tar")       # {member name: (data offset, size)}
     offset, size = members["000042.jpg"]
@@ -19,19 +19,23 @@ INDEX_FORMAT = ("packdata-tar-index", 1)
 
 
 class StaleIndexError(ValueError):
-    """A tar's index is missing or no longer describes the tar (its size or modification time changed)."""
+    """A tar's index is missing or no longer describes the tar (its size or modification time
+    changed)."""
 
 
 def index_members(fileobj, name=None):
-    """``{member name: (data offset, size)}`` of every regular file, in archive order. A name that appears twice
-    raises ``TarFormatError`` (an index can point at only one copy, and streaming refuses it too)."""
+    """``{member name: (data offset, size)}`` of every regular file, in archive order. A name that
+    appears twice raises ``TarFormatError`` (an index can point at only one copy, and streaming
+    refuses it too)."""
     members = {}
     for header, offset in iter_members(fileobj, name):
         if header.is_file:
             if header.name in members:
                 archive = name or getattr(fileobj, "name", "<tar>")
-                raise TarFormatError(f"{archive}: duplicate member {header.name!r}, at offsets "
-                                     f"{members[header.name][0] - BLOCK} and {header.offset}")
+                raise TarFormatError(
+                    f"{archive}: duplicate member {header.name!r}, at offsets "
+                    f"{members[header.name][0] - BLOCK} and {header.offset}"
+                )
             members[header.name] = (offset, header.size)
     return members
 
@@ -43,29 +47,42 @@ def index_path(tar_path):
 
 
 def build_index(tar_path):
-    """Scan ``tar_path``, store its index with the tar's size and mtime in ``<tar>.idx.json``; return the index.
-    In a folder this process may not write to (a read-only dataset mount), the index is only returned, with a
-    warning: every process that opens the tar scans it again."""
+    """Scan ``tar_path``, store its index with the tar's size and mtime in ``<tar>.idx.json``;
+    return the index. In a folder this process may not write to (a read-only dataset mount), the
+    index is only returned, with a warning: every process that opens the tar scans it again."""
     tar_path = Path(tar_path)
-    stat = tar_path.stat()  # before the scan: a tar rewritten meanwhile makes this index stale, not wrong
+    # before the scan: a tar rewritten meanwhile makes this index stale, not wrong
+    stat = tar_path.stat()
     with tar_path.open("rb") as file:
         members = index_members(file, str(tar_path))
     format_name, version = INDEX_FORMAT
-    stored = {"format": format_name, "version": version, "tar_size": stat.st_size,
-              "tar_mtime_ns": stat.st_mtime_ns, "members": members}
+    stored = {
+        "format": format_name,
+        "version": version,
+        "tar_size": stat.st_size,
+        "tar_mtime_ns": stat.st_mtime_ns,
+        "members": members,
+    }
     try:
         with written_atomically(index_path(tar_path)) as file:
             file.write(json.dumps(stored).encode("utf-8"))
     except PermissionError as error:
-        warnings.warn(f"cannot store the index of {tar_path} next to it ({error.strerror}): it is kept in memory, "
-                      "and every process that opens the tar scans it again", stacklevel=2)
+        warnings.warn(
+            f"cannot store the index of {tar_path} next to it ({error.strerror}): it is kept in "
+            "memory, "
+            "and every process that opens the tar scans it again",
+            stacklevel=2,
+        )
     return members
 
 
 def current_members(stored, tar_size, tar_mtime_ns=None):
-    """The members of a decoded index file when it describes a tar of this size (and mtime, unless None),
-    else None."""
-    if not isinstance(stored, dict) or (stored.get("format"), stored.get("version")) != INDEX_FORMAT:
+    """The members of a decoded index file when it describes a tar of this size (and mtime, unless
+    None), else None."""
+    if (
+        not isinstance(stored, dict)
+        or (stored.get("format"), stored.get("version")) != INDEX_FORMAT
+    ):
         return None
     if stored.get("tar_size") != tar_size or tar_mtime_ns not in (None, stored.get("tar_mtime_ns")):
         return None
@@ -73,8 +90,9 @@ def current_members(stored, tar_size, tar_mtime_ns=None):
 
 
 def load_index(tar_path, rebuild=True):
-    """The index of ``tar_path`` from ``<tar>.idx.json``. When that is missing, unreadable or stale (the tar's
-    size or mtime changed), rebuild it, or with ``rebuild=False`` raise ``StaleIndexError``."""
+    """The index of ``tar_path`` from ``<tar>.idx.json``. When that is missing, unreadable or stale
+    (the tar's size or mtime changed), rebuild it, or with ``rebuild=False`` raise
+    ``StaleIndexError``."""
     tar_path, path = Path(tar_path), index_path(tar_path)
     stat = tar_path.stat()
     try:
@@ -87,6 +105,12 @@ def load_index(tar_path, rebuild=True):
     if members is not None:
         return members
     if not rebuild:
-        state = "missing" if stored is None else "unreadable, or stale: the tar's size or mtime changed since"
-        raise StaleIndexError(f"the index of {tar_path} is {state}; rebuild it with build_index({str(tar_path)!r})")
+        state = (
+            "missing"
+            if stored is None
+            else "unreadable, or stale: the tar's size or mtime changed since"
+        )
+        raise StaleIndexError(
+            f"the index of {tar_path} is {state}; rebuild it with build_index({str(tar_path)!r})"
+        )
     return build_index(tar_path)

@@ -1,10 +1,10 @@
 """Tar bytes by hand: 512-byte headers, pax and GNU long-name extensions, read and written.
 
 A tar is a sequence of members, each a 512-byte header block followed by its data padded to whole
-blocks, and ends with two zero blocks. ``parse_header`` decodes one header; ``iter_members`` walks an
-archive (jumping over the data when the file can seek); ``tar_member`` writes one member the way every
-writer of the course does, with every field that could vary fixed. ``tarindex`` builds a member index
-on ``iter_members``; ``tarscan`` reads a whole shard in memory with numpy.
+blocks, and ends with two zero blocks. ``parse_header`` decodes one header; ``iter_members`` walks
+an archive (jumping over the data when the file can seek); ``tar_member`` writes one member the way
+every writer of the course does, with every field that could vary fixed. ``tarindex`` builds a
+member index on ``iter_members``; ``tarscan`` reads a whole shard in memory with numpy.
 
     for header, data_offset in iter_members(open("train.tar", "rb")):
         print(header.name, header.size, data_offset)
@@ -14,7 +14,6 @@ import os
 import tarfile
 from dataclasses import dataclass, replace
 
-
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
 USTAR_MAGIC = b"ustar\x00"  # POSIX ustar; GNU tar writes "ustar  \x00" and has no name prefix field
@@ -23,18 +22,26 @@ PAX_TYPES = ("x", "X")  # extended header for the next member ("X": an old Solar
 GNU_LONG_TYPES = {"L": "name", "K": "linkname"}  # GNU long name or link name for the next member
 EXTENSION_TYPES = (*PAX_TYPES, *GNU_LONG_TYPES)
 GLOBAL_PAX_TYPE = "g"  # global extended header: read past, not applied
-PAX_FIELDS = {"path": ("name", str), "linkpath": ("linkname", str), "size": ("size", int), "mtime": ("mtime", float)}
-READ_LIMIT = 1 << 24  # bytes per read from a stream: a corrupt size of 10**30 then reads to the end, not overflows
+PAX_FIELDS = {
+    "path": ("name", str),
+    "linkpath": ("linkname", str),
+    "size": ("size", int),
+    "mtime": ("mtime", float),
+}
+# bytes per read from a stream: a corrupt size of 10**30 then reads to the end, not overflows
+READ_LIMIT = 1 << 24
 
 
 class TarFormatError(ValueError):
-    """The bytes are not a well-formed tar: a bad checksum, a truncated archive, a malformed extension."""
+    """The bytes are not a well-formed tar: a bad checksum, a truncated archive, a malformed
+    extension."""
 
 
 @dataclass(frozen=True)
 class TarHeader:
-    """One member's header. ``name`` is the full path (the ustar prefix joined in, or a pax/GNU long name);
-    ``size`` the length of its data (pax may override it); ``offset`` where its own header block starts."""
+    """One member's header. ``name`` is the full path (the ustar prefix joined in, or a pax/GNU long
+    name); ``size`` the length of its data (pax may override it); ``offset`` where its own header
+    block starts."""
 
     name: str
     size: int
@@ -60,7 +67,8 @@ class TarHeader:
 
 
 def number_field(field):
-    """A numeric header field: octal digits ended by NUL or space, or GNU base-256 when the top bit is set."""
+    """A numeric header field: octal digits ended by NUL or space, or GNU base-256 when the top bit
+    is set."""
     if field[0] & 0x80:
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
     digits = field.split(b"\x00", 1)[0].strip()
@@ -72,22 +80,26 @@ def text_field(field):
 
 
 def parse_header(block, archive="<tar>", offset=0):
-    """The ``TarHeader`` in the 512-byte ``block`` read at ``offset``; None for a zero block (end of archive).
+    """The ``TarHeader`` in the 512-byte ``block`` read at ``offset``; None for a zero block (end of
+    archive).
 
-    The checksum is verified first: a mismatch raises ``TarFormatError`` naming ``archive`` and ``offset``.
+    The checksum is verified first: a mismatch raises ``TarFormatError`` naming ``archive`` and
+    ``offset``.
     """
     if len(block) != BLOCK:
         raise ValueError(f"a tar header is {BLOCK} bytes, got {len(block)}")
     if block == ZERO_BLOCK:
         return None
-    computed = sum(block[:148]) + 8 * ord(" ") + sum(block[156:])  # the checksum field itself counts as spaces
+    # the checksum field itself counts as spaces
+    computed = sum(block[:148]) + 8 * ord(" ") + sum(block[156:])
     try:
         stored = number_field(block[148:156])
     except ValueError:
         stored = None
     if stored != computed:
         raise TarFormatError(
-            f"{archive}: bad header checksum at offset {offset} (stored {stored}, computed {computed}): "
+            f"{archive}: bad header checksum at offset {offset} (stored {stored}, computed "
+            f"{computed}): "
             "not a tar archive, or corrupt at this point"
         )
     prefix = text_field(block[345:500]) if block[257:263] == USTAR_MAGIC else ""
@@ -107,22 +119,27 @@ def parse_header(block, archive="<tar>", offset=0):
             offset=offset,
         )
     except ValueError as error:
-        raise TarFormatError(f"{archive}: unreadable header of {name!r} at offset {offset}: {error}") from error
+        raise TarFormatError(
+            f"{archive}: unreadable header of {name!r} at offset {offset}: {error}"
+        ) from error
 
 
 def parse_pax(data, archive="<tar>", offset=0):
-    """The records of a pax extended header, ``"<length> <key>=<value>\\n"`` each, as a dict of strings."""
+    """The records of a pax extended header, ``"<length> <key>=<value>\\n"`` each, as a dict of
+    strings."""
     records, position = {}, 0
     while position < len(data):
         try:
             length = int(data[position:].split(b" ", 1)[0])
-            record = data[position:position + length]
+            record = data[position : position + length]
             if length < 1 or not record.endswith(b"\n"):
                 raise ValueError(f"record length {length} does not end a record")
-            key, value = record[record.index(b" ") + 1:-1].split(b"=", 1)
+            key, value = record[record.index(b" ") + 1 : -1].split(b"=", 1)
             key = key.decode("utf-8")  # keys are UTF-8 by the standard; values may hold any bytes
         except ValueError as error:  # UnicodeDecodeError included
-            raise TarFormatError(f"{archive}: malformed pax header at offset {offset}: {error}") from error
+            raise TarFormatError(
+                f"{archive}: malformed pax header at offset {offset}: {error}"
+            ) from error
         records[key] = value.decode("utf-8", "surrogateescape")
         position += length
     return records
@@ -138,20 +155,26 @@ def pax_overrides(header, data, archive):
             try:
                 overrides[field] = kind(records[key])
             except ValueError as error:
-                raise TarFormatError(f"{archive}: bad pax record {key}={records[key]!r} in the header at offset "
-                                     f"{header.offset}: {error}") from None
+                raise TarFormatError(
+                    f"{archive}: bad pax record {key}={records[key]!r} in the header at offset "
+                    f"{header.offset}: {error}"
+                ) from None
     return overrides
 
 
-# --- walking an archive ----------------------------------------------------------------------------
+# --- walking an archive ---------------------------------------------------------------------------
 
 
 def truncated_error(archive, what, needed, left):
-    return TarFormatError(f"{archive} is truncated: {what} needs {needed} bytes, only {left} are left")
+    return TarFormatError(
+        f"{archive} is truncated: {what} needs {needed} bytes, only {left} are left"
+    )
 
 
 def negative_size_error(archive, member, size):
-    return TarFormatError(f"{archive}: {member} has a negative size ({size}): the header is corrupt")
+    return TarFormatError(
+        f"{archive}: {member} has a negative size ({size}): the header is corrupt"
+    )
 
 
 def _read_exactly(fileobj, count, archive, what):
@@ -166,11 +189,12 @@ def _read_exactly(fileobj, count, archive, what):
 
 
 def iter_members(fileobj, name=None):
-    """Yield ``(header, data_offset)`` for every member of the tar in ``fileobj``, extension headers applied, without
-    reading any data when the file can seek. ``name`` (default: ``fileobj.name``) is the archive's name in errors.
+    """Yield ``(header, data_offset)`` for every member of the tar in ``fileobj``, extension headers
+    applied, without reading any data when the file can seek. ``name`` (default: ``fileobj.name``)
+    is the archive's name in errors.
 
-    Every member must have a size of at least zero and end inside the file, and the archive must end with a zero
-    block; otherwise ``TarFormatError`` names the archive and the member."""
+    Every member must have a size of at least zero and end inside the file, and the archive must end
+    with a zero block; otherwise ``TarFormatError`` names the archive and the member."""
     archive = name or getattr(fileobj, "name", "<tar>")
     seekable = fileobj.seekable()
     position = fileobj.tell() if seekable else 0
@@ -180,18 +204,26 @@ def iter_members(fileobj, name=None):
         if seekable:
             fileobj.seek(position)  # the caller may have moved the file while it held a member
         after = f"after member {previous!r}" if previous else "at its start"
-        header = parse_header(_read_exactly(fileobj, BLOCK, archive, f"the header at offset {position} ({after})"),
-                              archive, position)
+        header = parse_header(
+            _read_exactly(fileobj, BLOCK, archive, f"the header at offset {position} ({after})"),
+            archive,
+            position,
+        )
         if header is None:
             return
         header = replace(header, **overrides)
         member = f"member {header.name!r} at offset {header.offset}"
-        if header.size < 0:  # it would send the walk back to a header it has read, and round forever
+        # it would send the walk back to a header it has read, and round forever
+        if header.size < 0:
             raise negative_size_error(archive, member, header.size)
         if seekable and header.data_offset + header.size > end:
             raise truncated_error(archive, member, header.size, max(end - header.data_offset, 0))
         is_meta = header.typeflag in EXTENSION_TYPES or header.typeflag == GLOBAL_PAX_TYPE
-        data = _read_exactly(fileobj, header.size, archive, member) if is_meta or not seekable else None
+        data = (
+            _read_exactly(fileobj, header.size, archive, member)
+            if is_meta or not seekable
+            else None
+        )
         position = header.data_offset + header.size + -header.size % BLOCK
         if not seekable:
             _read_exactly(fileobj, -header.size % BLOCK, archive, f"the padding of {member}")

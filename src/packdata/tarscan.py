@@ -8,53 +8,78 @@ falls back to ``tario``'s general walk for pax and GNU extensions.
 
 import numpy as np
 
-from .tario import (BLOCK, GLOBAL_PAX_TYPE, GNU_LONG_TYPES, PAX_TYPES, REGULAR_TYPES, USTAR_MAGIC, ZERO_BLOCK,
-                    TarFormatError, TarHeader, negative_size_error, number_field, parse_header, pax_overrides,
-                    text_field, truncated_error)
+from .tario import (
+    BLOCK,
+    GLOBAL_PAX_TYPE,
+    GNU_LONG_TYPES,
+    PAX_TYPES,
+    REGULAR_TYPES,
+    USTAR_MAGIC,
+    ZERO_BLOCK,
+    TarFormatError,
+    TarHeader,
+    negative_size_error,
+    number_field,
+    parse_header,
+    pax_overrides,
+    text_field,
+    truncated_error,
+)
 
 _REGULAR_FLAGS = {ord(flag) for flag in REGULAR_TYPES}
 _PAX_FLAGS = {ord(flag) for flag in PAX_TYPES}
 _GLOBAL_PAX_FLAG = ord(GLOBAL_PAX_TYPE)
-_MAGIC_WORD = 256 // 8  # bytes 256-263 of a header, read as one little-endian 64-bit word, hold the magic at 257-262
+# bytes 256-263 of a header, read as one little-endian 64-bit word, hold the magic at 257-262
+_MAGIC_WORD = 256 // 8
 _MAGIC_MASK = np.uint64(0x00FFFFFFFFFFFF00)
 _MAGIC = np.uint64(int.from_bytes(b"\0" + USTAR_MAGIC + b"\0", "little"))
 
 
-# the place values of an 11-digit octal field, as floats: exact below 2**53, and BLAS multiplies them twice as fast
+# the place values of an 11-digit octal field, as floats: exact below 2**53, and BLAS multiplies
+# them twice as fast
 _OCTAL_WEIGHTS = 8.0 ** np.arange(10, -1, -1)
 
 
 def _size_of(data, position, archive):
-    """The size field of the header at ``position``: plain octal digits fast, anything else the careful way."""
+    """The size field of the header at ``position``: plain octal digits fast, anything else the
+    careful way."""
     try:
-        return int(data[position + 124:position + 135], 8)  # 11 octal digits, as tarfile and GNU tar write it
+        # 11 octal digits, as tarfile and GNU tar write it
+        return int(data[position + 124 : position + 135], 8)
     except ValueError:
         try:
-            return number_field(data[position + 124:position + 136])  # base-256, or digits ended early by NUL or space
+            # base-256, or digits ended early by NUL or space
+            return number_field(data[position + 124 : position + 136])
         except ValueError:
-            parse_header(data[position:position + BLOCK], archive, position)  # a bad checksum says more than we can
-            raise TarFormatError(f"{archive}: unreadable size in the header at offset {position}") from None
+            # a bad checksum says more than we can
+            parse_header(data[position : position + BLOCK], archive, position)
+            raise TarFormatError(
+                f"{archive}: unreadable size in the header at offset {position}"
+            ) from None
 
 
 def _name_of(data, position):
     end = data.find(b"\x00", position, position + 100)
-    name = data[position:end if end >= 0 else position + 100].decode("utf-8", "surrogateescape")
-    if data[position + 345] and data[position + 257:position + 263] == USTAR_MAGIC:
-        return f"{text_field(data[position + 345:position + 500])}/{name}"
+    name = data[position : end if end >= 0 else position + 100].decode("utf-8", "surrogateescape")
+    if data[position + 345] and data[position + 257 : position + 263] == USTAR_MAGIC:
+        return f"{text_field(data[position + 345 : position + 500])}/{name}"
     return name
 
 
 def _byte_sums(headers):
-    """The sum of each 512-byte row. Its two halves are added as 16-bit numbers (each at most 510); each row of those,
-    read as 64 words of four 16-bit lanes, sums without carries between lanes (64 * 510 < 2**16); the lanes add up."""
-    halves = np.add(headers[:, :BLOCK // 2], headers[:, BLOCK // 2:], dtype=np.uint16)
+    """The sum of each 512-byte row. Its two halves are added as 16-bit numbers (each at most 510);
+    each row of those, read as 64 words of four 16-bit lanes, sums without carries between lanes (64
+    * 510 < 2**16); the lanes add up."""
+    halves = np.add(headers[:, : BLOCK // 2], headers[:, BLOCK // 2 :], dtype=np.uint16)
     lanes = halves.view("<u8").sum(axis=1)
-    return sum((lanes >> np.uint64(shift)) & np.uint64(0xFFFF) for shift in (0, 16, 32, 48)).astype(np.int64)
+    return sum((lanes >> np.uint64(shift)) & np.uint64(0xFFFF) for shift in (0, 16, 32, 48)).astype(
+        np.int64
+    )
 
 
 def _stored_checksums(headers):
-    """The checksum field of each row, and the sum of its bytes, when every row writes it as ``"%06o\\0 "`` (as
-    tarfile and GNU tar do); else None."""
+    """The checksum field of each row, and the sum of its bytes, when every row writes it as
+    ``"%06o\\0 "`` (as tarfile and GNU tar do); else None."""
     field = headers[:, 148:156]
     digits = field[:, :6] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
     if (digits > 7).any() or field[:, 6].any() or (field[:, 7] != ord(" ")).any():
@@ -64,40 +89,48 @@ def _stored_checksums(headers):
 
 
 def _bad_checksums(headers):
-    """Indices of the 512-byte rows of ``headers`` whose stored checksum differs from their byte sum."""
+    """Indices of the 512-byte rows of ``headers`` whose stored checksum differs from their byte
+    sum."""
     common = _stored_checksums(headers)
     if common is not None:
         stored, field_sums = common
     else:
         field = headers[:, 148:156].astype(np.int64)
         field_sums, digits = field.sum(axis=1), field - ord("0")
-        is_digit = (digits >= 0) & (digits <= 7)  # octal digits; the NULs and spaces around them are skipped
-        weight = 3 * (is_digit[:, ::-1].cumsum(axis=1)[:, ::-1] - is_digit)  # 3 bits per octal digit to its right
+        # octal digits; the NULs and spaces around them are skipped
+        is_digit = (digits >= 0) & (digits <= 7)
+        # 3 bits per octal digit to its right
+        weight = 3 * (is_digit[:, ::-1].cumsum(axis=1)[:, ::-1] - is_digit)
         stored = np.where(is_digit, digits << weight, 0).sum(axis=1)
     computed = _byte_sums(headers) - field_sums + 8 * ord(" ")  # the field itself counts as spaces
     return np.flatnonzero(stored != computed)
 
 
 def verify_checksums(data, positions, archive="<tar>"):
-    """Check the header checksums at ``positions`` (multiples of 512) of the tar in ``data`` all at once; a mismatch
-    raises ``TarFormatError`` naming the archive and the first bad header's offset."""
+    """Check the header checksums at ``positions`` (multiples of 512) of the tar in ``data`` all at
+    once; a mismatch raises ``TarFormatError`` naming the archive and the first bad header's offset.
+    """
     if not len(positions):
         return
     blocks = np.frombuffer(data, np.uint8, count=len(data) // BLOCK * BLOCK).reshape(-1, BLOCK)
     bad = _bad_checksums(blocks[np.asarray(positions) // BLOCK])
     if bad.size:
         position = int(positions[bad[0]])
-        parse_header(data[position:position + BLOCK], archive, position)  # raises, with the stored and computed sums
-        raise TarFormatError(f"{archive}: bad header checksum at offset {position}")  # a field parse_header accepts
+        # raises, with the stored and computed sums
+        parse_header(data[position : position + BLOCK], archive, position)
+        # a field parse_header accepts
+        raise TarFormatError(f"{archive}: bad header checksum at offset {position}")
 
 
 def scan_plain(data, archive="<tar>"):
-    """The vectorised scan of the common layout, or None when ``data`` is not that layout (then ``scan_buffer``'s
-    member-by-member walk decides): POSIX ustar headers of regular files only, names of at most 100 bytes, 11-digit
-    octal sizes, a zero block after the last member. Returns ``(names as bytes, data offsets, sizes)``, numpy arrays.
+    """The vectorised scan of the common layout, or None when ``data`` is not that layout (then
+    ``scan_buffer``'s member-by-member walk decides): POSIX ustar headers of regular files only,
+    names of at most 100 bytes, 11-digit octal sizes, a zero block after the last member. Returns
+    ``(names as bytes, data offsets, sizes)``, numpy arrays.
 
-    Every block whose magic says "ustar" is a candidate header; the candidates must chain exactly (each member's
-    data ends where the next header starts), so a lookalike inside a member's data sends the shard the slow way.
+    Every block whose magic says "ustar" is a candidate header; the candidates must chain exactly
+    (each member's data ends where the next header starts), so a lookalike inside a member's data
+    sends the shard the slow way.
     """
     if len(data) % BLOCK or len(data) < 2 * BLOCK:
         return None
@@ -109,53 +142,83 @@ def scan_plain(data, archive="<tar>"):
     headers = blocks.take(candidates, axis=0)
     digits = headers[:, 124:135] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
     flags = headers[:, 156]
-    if (digits > 7).any() or headers[:, 345].any() or not ((flags == 0) | (flags == ord("0"))).all():
-        return None  # base-256 sizes, a name prefix, links, folders, pax or GNU records: the general walk
+    if (
+        (digits > 7).any()
+        or headers[:, 345].any()
+        or not ((flags == 0) | (flags == ord("0"))).all()
+    ):
+        # base-256 sizes, a name prefix, links, folders, pax or GNU records: the general walk
+        return None
     sizes = (digits @ _OCTAL_WEIGHTS).astype(np.int64)
     following = candidates + 1 + (sizes + BLOCK - 1) // BLOCK
-    if (following[:-1] != candidates[1:]).any() or following[-1] >= len(blocks) or blocks[following[-1]].any():
+    if (
+        (following[:-1] != candidates[1:]).any()
+        or following[-1] >= len(blocks)
+        or blocks[following[-1]].any()
+    ):
         return None
     bad = _bad_checksums(headers)
     if bad.size:
         verify_checksums(data, [int(candidates[bad[0]]) * BLOCK], archive)
-    return np.ascontiguousarray(headers[:, :100]).view("S100").ravel(), (candidates + 1) * BLOCK, sizes
+    return (
+        np.ascontiguousarray(headers[:, :100]).view("S100").ravel(),
+        (candidates + 1) * BLOCK,
+        sizes,
+    )
 
 
 def scan_buffer(data, archive="<tar>"):
-    """``[(member name, data offset, size)]`` of every regular file of the tar held whole in ``data``, in order.
+    """``[(member name, data offset, size)]`` of every regular file of the tar held whole in
+    ``data``, in order.
 
-    The fast path for streaming a shard that was read whole: ``scan_plain`` when the layout allows, else a walk
-    that decodes only the name, size and type of each header and applies pax (``x``) and GNU long-name records;
-    either way all checksums are verified in one vectorised pass. A member that runs past the end, or a missing
-    end-of-archive block, raises ``TarFormatError`` naming ``archive``.
+    The fast path for streaming a shard that was read whole: ``scan_plain`` when the layout allows,
+    else a walk that decodes only the name, size and type of each header and applies pax (``x``) and
+    GNU long-name records; either way all checksums are verified in one vectorised pass. A member
+    that runs past the end, or a missing end-of-archive block, raises ``TarFormatError`` naming
+    ``archive``.
     """
     plain = scan_plain(data, archive)
     if plain is not None:
         names, starts, sizes = (column.tolist() for column in plain)
-        return [(name.decode("utf-8", "surrogateescape"), *span) for name, *span in zip(names, starts, sizes)]
+        return [
+            (name.decode("utf-8", "surrogateescape"), *span)
+            for name, *span in zip(names, starts, sizes)
+        ]
     members, positions, overrides, position, end = [], [], {}, 0, len(data)
     while True:
         if position + BLOCK > end:
             after = f"after member {members[-1][0]!r}" if members else "at its start"
-            raise truncated_error(archive, f"the header at offset {position} ({after})", BLOCK, end - position)
-        if data[position] == 0 and data[position:position + BLOCK] == ZERO_BLOCK:
+            raise truncated_error(
+                archive, f"the header at offset {position} ({after})", BLOCK, end - position
+            )
+        if data[position] == 0 and data[position : position + BLOCK] == ZERO_BLOCK:
             break
         positions.append(position)
         flag = data[position + 156]
-        size = overrides.get("size", None)
+        size = overrides.get("size")
         size = _size_of(data, position, archive) if size is None else size
         start = position + BLOCK
-        if size < 0 or start + size > end:  # a negative size would send the walk backwards, and round forever
-            member = f"member {overrides.get('name') or _name_of(data, position)!r} at offset {position}"
+        # a negative size would send the walk backwards, and round forever
+        if size < 0 or start + size > end:
+            member = (
+                f"member {overrides.get('name') or _name_of(data, position)!r} at offset {position}"
+            )
             verify_checksums(data, positions, archive)
-            raise negative_size_error(archive, member, size) if size < 0 else truncated_error(archive, member, size, end - start)
+            raise (
+                negative_size_error(archive, member, size)
+                if size < 0
+                else truncated_error(archive, member, size, end - start)
+            )
         if flag in _REGULAR_FLAGS:
             members.append((overrides.get("name") or _name_of(data, position), start, size))
             overrides = {}
         elif flag in _PAX_FLAGS or chr(flag) in GNU_LONG_TYPES:
-            header = TarHeader(_name_of(data, position), size, 0, 0, chr(flag), "", 0, 0, "", "", position)
-            overrides = {**overrides, **pax_overrides(header, data[start:start + size], archive)}
-        elif flag != _GLOBAL_PAX_FLAG:  # a folder, a link, a device: it used up the extension records
+            header = TarHeader(
+                _name_of(data, position), size, 0, 0, chr(flag), "", 0, 0, "", "", position
+            )
+            overrides = {**overrides, **pax_overrides(header, data[start : start + size], archive)}
+        # a folder, a link, a device: it used up the extension records
+        elif flag != _GLOBAL_PAX_FLAG:
             overrides = {}
         position = start + size + -size % BLOCK
     verify_checksums(data, positions, archive)
@@ -163,6 +226,7 @@ def scan_buffer(data, archive="<tar>"):
 
 
 def iter_buffer(data, archive="<tar>"):
-    """Yield ``(member name, bytes)`` for every regular file of the tar held whole in ``data``, in archive order."""
+    """Yield ``(member name, bytes)`` for every regular file of the tar held whole in ``data``, in
+    archive order."""
     for name, start, size in scan_buffer(data, archive):
-        yield name, data[start:start + size]
+        yield name, data[start : start + size]

@@ -1,5 +1,5 @@
-"""Train a small image classifier from any loader of ``(uint8 images, labels)`` batches: in a notebook, or in every
-process of a ``torchrun`` job (``scripts/train.py``).
+"""Train a small image classifier from any loader of ``(uint8 images, labels)`` batches: in a
+notebook, or in every process of a ``torchrun`` job (``scripts/train.py``).
 
     model = SmallCNN(num_classes=10).to(device)
     for epoch in range(epochs):
@@ -17,18 +17,29 @@ from torch import nn
 
 
 class SmallCNN(nn.Module):
-    """Four 3×3 convolutions with BatchNorm, each halving the image, then global average pooling and a linear layer.
+    """Four 3×3 convolutions with BatchNorm, each halving the image, then global average pooling and
+    a linear layer.
 
-    Takes ``uint8`` images (N, 3, H, W) as they come from the loader and scales them to 0..1 itself; BatchNorm then
-    keeps every layer's inputs well scaled, which is what lets it learn in a few epochs.
+    Takes ``uint8`` images (N, 3, H, W) as they come from the loader and scales them to 0..1 itself;
+    BatchNorm then keeps every layer's inputs well scaled, which is what lets it learn in a few
+    epochs.
     """
 
     def __init__(self, num_classes=10, width=16):
         super().__init__()
         channels = [3, width, 2 * width, 4 * width, 4 * width]
-        self.features = nn.Sequential(*(layer for c_in, c_out in itertools.pairwise(channels) for layer in (
-            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
-            nn.MaxPool2d(2))))
+        self.features = nn.Sequential(
+            *(
+                layer
+                for c_in, c_out in itertools.pairwise(channels)
+                for layer in (
+                    nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+                    nn.BatchNorm2d(c_out),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool2d(2),
+                )
+            )
+        )
         self.classify = nn.Linear(channels[-1], num_classes)
 
     def forward(self, images):
@@ -37,7 +48,8 @@ class SmallCNN(nn.Module):
 
 
 def train_epoch(model, batches, optimizer, device, steps=None):
-    """One pass over ``batches`` (at most ``steps`` of them); returns ``(mean loss, samples seen)``."""
+    """One pass over ``batches`` (at most ``steps`` of them); returns ``(mean loss, samples
+    seen)``."""
     model.train()
     total_loss, seen = 0.0, 0
     for images, labels in itertools.islice(batches, steps):
@@ -53,8 +65,8 @@ def train_epoch(model, batches, optimizer, device, steps=None):
 
 @torch.no_grad()
 def evaluate(model, batches, device):
-    """The fraction of samples in ``batches`` whose highest-scoring class is the label; ``ValueError`` when
-    ``batches`` holds no sample, since an accuracy of nothing means nothing."""
+    """The fraction of samples in ``batches`` whose highest-scoring class is the label;
+    ``ValueError`` when ``batches`` holds no sample, since an accuracy of nothing means nothing."""
     model.eval()
     correct = seen = 0
     for images, labels in batches:
@@ -62,19 +74,24 @@ def evaluate(model, batches, device):
         correct += int((predictions == labels).sum())
         seen += len(labels)
     if seen == 0:
-        raise ValueError("evaluate() got no samples: the test loader is empty (no test shards, or all skipped?)")
+        raise ValueError(
+            "evaluate() got no samples: the test loader is empty (no test shards, or all skipped?)"
+        )
     return correct / seen
 
 
 def common_steps(samples, batch_size):
-    """How many batches every rank can run this epoch: the fewest ``samples // batch_size`` over all ranks.
+    """How many batches every rank can run this epoch: the fewest ``samples // batch_size`` over all
+    ranks.
 
-    Outside a distributed job that is just this process's count. Ranks that stop after the same number of steps
-    make the same number of gradient all-reduces, so none waits forever for a partner that has finished.
+    Outside a distributed job that is just this process's count. Ranks that stop after the same
+    number of steps make the same number of gradient all-reduces, so none waits forever for a
+    partner that has finished.
     """
     steps = torch.tensor(samples // batch_size)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        if torch.distributed.get_backend() == "nccl":  # NCCL reduces only tensors on this rank's GPU
+        # NCCL reduces only tensors on this rank's GPU
+        if torch.distributed.get_backend() == "nccl":
             steps = steps.to(torch.device("cuda", torch.cuda.current_device()))
         torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
     return int(steps)

@@ -1,11 +1,11 @@
-"""Datasets on a remote store: upload them (one object per image, or as shards), and stage them to local
-scratch.
+"""Datasets on a remote store: upload them (one object per image, or as shards), and stage them to
+local scratch.
 
     client = DatasetClient(service.url)
-    manifest = upload_objects(client, "shapes-objects", root)         # one PUT per image (and the manifest)
-    uploaded = upload_shards(client, "shapes-shards", root, maxcount=1000, processes=2)
-    ShardDataset([s.url for s in uploaded], sizes=[s.samples for s in uploaded])
-    local = stage([s.url for s in uploaded], "/scratch/shapes")       # copy once, then train from disk
+    manifest = upload_objects(client, "shapes-objects", root)         # one PUT per image (and the
+    manifest) uploaded = upload_shards(client, "shapes-shards", root, maxcount=1000, processes=2)
+    ShardDataset([s.url for s in uploaded], sizes=[s.samples for s in uploaded]) local =
+    stage([s.url for s in uploaded], "/scratch/shapes")       # copy once, then train from disk
 
 Uploads and downloads run in threads: they wait on the network, so they overlap even on one core.
 """
@@ -35,39 +35,88 @@ class RemoteShard:
 
 
 def _in_threads(function, items, threads, desc, progress):
-    """``[function(item) for item in items]``, run in ``threads`` threads with a progress bar, in order."""
+    """``[function(item) for item in items]``, run in ``threads`` threads with a progress bar, in
+    order."""
     items = list(items)
     with ThreadPoolExecutor(threads) as pool:
-        return list(tqdm(pool.map(function, items), total=len(items), desc=desc, disable=not progress, leave=False))
+        return list(
+            tqdm(
+                pool.map(function, items),
+                total=len(items),
+                desc=desc,
+                disable=not progress,
+                leave=False,
+            )
+        )
 
 
 def upload_objects(client, dataset, root, indices=None, threads=8, progress=True):
-    """Upload the images of the dataset folder ``root`` one object each, as ``<key>.jpg`` into ``dataset`` (created
-    if missing), plus a ``manifest.json`` whose paths name those objects; return that manifest.
+    """Upload the images of the dataset folder ``root`` one object each, as ``<key>.jpg`` into
+    ``dataset`` (created if missing), plus a ``manifest.json`` whose paths name those objects;
+    return that manifest.
 
-    ``indices`` picks manifest samples (default: all). ``HttpDataset(client.url_for(dataset), manifest)`` reads them.
+    ``indices`` picks manifest samples (default: all). ``HttpDataset(client.url_for(dataset),
+    manifest)`` reads them.
     """
     manifest = load_manifest(root)
-    chosen = manifest["samples"] if indices is None else [manifest["samples"][int(i)] for i in indices]
+    chosen = (
+        manifest["samples"] if indices is None else [manifest["samples"][int(i)] for i in indices]
+    )
     client.create(dataset, exist_ok=True)
-    _in_threads(lambda s: client.upload(dataset, f"{s['key']}.jpg", Path(root) / s["path"]), chosen, threads,
-                f"{dataset}: objects", progress)
-    flat = {**manifest, "size": len(chosen), "samples": [{**s, "path": f"{s['key']}.jpg"} for s in chosen]}
+    _in_threads(
+        lambda s: client.upload(dataset, f"{s['key']}.jpg", Path(root) / s["path"]),
+        chosen,
+        threads,
+        f"{dataset}: objects",
+        progress,
+    )
+    flat = {
+        **manifest,
+        "size": len(chosen),
+        "samples": [{**s, "path": f"{s['key']}.jpg"} for s in chosen],
+    }
     client.upload(dataset, "manifest.json", json.dumps(flat).encode())
     return flat
 
 
-def upload_shards(client, dataset, source, *, maxcount=1000, maxsize=None, processes=1, threads=4, prefix="train",
-                  shuffle_seed=0, resize=None, progress=True):
-    """Write ``source`` (a dataset folder or a map-style dataset of ``(image, label)``, see ``shards.write_shards``)
-    as shards of at most ``maxcount`` samples and ``maxsize`` bytes, using ``processes`` processes, and upload them
-    into ``dataset`` (created if missing) from ``threads`` threads. Returns a ``RemoteShard`` per shard, in order."""
+def upload_shards(
+    client,
+    dataset,
+    source,
+    *,
+    maxcount=1000,
+    maxsize=None,
+    processes=1,
+    threads=4,
+    prefix="train",
+    shuffle_seed=0,
+    resize=None,
+    progress=True,
+):
+    """Write ``source`` (a dataset folder or a map-style dataset of ``(image, label)``, see
+    ``shards.write_shards``) as shards of at most ``maxcount`` samples and ``maxsize`` bytes, using
+    ``processes`` processes, and upload them into ``dataset`` (created if missing) from ``threads``
+    threads. Returns a ``RemoteShard`` per shard, in order."""
     client.create(dataset, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="packdata-upload-") as scratch:
-        written = write_shards(source, scratch, prefix=prefix, maxcount=maxcount, maxsize=maxsize,
-                               shuffle_seed=shuffle_seed, processes=processes, resize=resize, progress=progress)
-        urls = _in_threads(lambda info: client.upload(dataset, info.path.name, info.path), written, threads,
-                           f"{dataset}: upload", progress)
+        written = write_shards(
+            source,
+            scratch,
+            prefix=prefix,
+            maxcount=maxcount,
+            maxsize=maxsize,
+            shuffle_seed=shuffle_seed,
+            processes=processes,
+            resize=resize,
+            progress=progress,
+        )
+        urls = _in_threads(
+            lambda info: client.upload(dataset, info.path.name, info.path),
+            written,
+            threads,
+            f"{dataset}: upload",
+            progress,
+        )
     return [RemoteShard(url, info.samples, info.bytes) for url, info in zip(urls, written)]
 
 
@@ -78,9 +127,9 @@ def _download(url, target):
 
 
 def stage(urls, scratch, threads=4, progress=True):
-    """Copy shards (``http://`` URLs, a brace pattern or paths) into the local folder ``scratch``, in parallel;
-    files already there are kept. Returns the local paths in order. Each keeps its file name, so two shards
-    with the same name (in different folders) are refused."""
+    """Copy shards (``http://`` URLs, a brace pattern or paths) into the local folder ``scratch``,
+    in parallel; files already there are kept. Returns the local paths in order. Each keeps its file
+    name, so two shards with the same name (in different folders) are refused."""
     urls = expand_shards(urls)
     targets = local_targets(urls, scratch)
     missing = [(url, target) for url, target in zip(urls, targets) if not target.exists()]

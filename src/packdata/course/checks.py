@@ -26,55 +26,83 @@ def check_count_per_class(count_per_class, root):
     expected = Counter(manifest["classes"][s["label"]] for s in manifest["samples"])
     got = count_per_class(root)
     if not isinstance(got, Mapping):
-        raise CheckFailed(f"count_per_class should return a dict {{class name: count}}, not a {type(got).__name__}.")
+        raise CheckFailed(
+            f"count_per_class should return a dict {{class name: count}}, not a "
+            f"{type(got).__name__}."
+        )
     missing = sorted(set(expected) - set(got))
     extra = sorted(set(got) - set(expected))
     if missing or extra:
         raise CheckFailed(
             f"The class names differ from the folder names: missing {missing}, unexpected {extra}. "
-            "Use each sub-folder's name as the class name and skip plain files such as manifest.json."
+            "Use each sub-folder's name as the class name and skip plain files such as "
+            "manifest.json."
         )
     wrong = {name: (got[name], n) for name, n in expected.items() if got[name] != n}
     if wrong:
         name, (g, n) = next(iter(wrong.items()))
         raise CheckFailed(
-            f"{len(wrong)} class(es) have the wrong count, e.g. '{name}': you counted {g}, the folder holds {n}. "
+            f"{len(wrong)} class(es) have the wrong count, e.g. '{name}': you counted {g}, the "
+            f"folder holds {n}. "
             "Count only the .jpg files inside each class folder."
         )
-    passed(f"{len(expected)} classes, {sum(expected.values())} images: your counts match the manifest.")
+    passed(
+        f"{len(expected)} classes, {sum(expected.values())} images: your counts match the manifest."
+    )
 
 
 def compare_with_reference(dataset, reference, source):
-    """Raise ``CheckFailed`` unless ``dataset`` gives the same (image, label) pairs as ``reference``."""
+    """Raise ``CheckFailed`` unless ``dataset`` gives the same (image, label) pairs as
+    ``reference``."""
     import torch
 
     if len(dataset) != len(reference):
-        raise CheckFailed(f"len(dataset) is {len(dataset)}, but {source} holds {len(reference)} samples.")
+        raise CheckFailed(
+            f"len(dataset) is {len(dataset)}, but {source} holds {len(reference)} samples."
+        )
     for index in sorted({0, len(reference) // 2, len(reference) - 1}):
         item = dataset[index]
         if not (isinstance(item, tuple) and len(item) == 2):
-            raise CheckFailed(f"dataset[{index}] should be a tuple (image, label), got {type(item).__name__}.")
+            raise CheckFailed(
+                f"dataset[{index}] should be a tuple (image, label), got {type(item).__name__}."
+            )
         (image, label), (expected_image, expected_label) = item, reference[index]
         if isinstance(label, torch.Tensor) and not isinstance(image, torch.Tensor):
-            raise CheckFailed(f"dataset[{index}] is (label, image): return (image, label), the image first.")
+            raise CheckFailed(
+                f"dataset[{index}] is (label, image): return (image, label), the image first."
+            )
         if not isinstance(image, torch.Tensor):
-            raise CheckFailed(f"dataset[{index}] image is a {type(image).__name__}: decode the bytes with decode_image "
-                              "to get a uint8 tensor.")
+            raise CheckFailed(
+                f"dataset[{index}] image is a {type(image).__name__}: decode the bytes with "
+                "decode_image "
+                "to get a uint8 tensor."
+            )
         if image.shape != expected_image.shape or image.dtype != expected_image.dtype:
-            raise CheckFailed(f"dataset[{index}] image has shape {tuple(image.shape)} and dtype {image.dtype}, "
-                              f"expected {tuple(expected_image.shape)} and {expected_image.dtype} (channels first).")
+            raise CheckFailed(
+                f"dataset[{index}] image has shape {tuple(image.shape)} and dtype {image.dtype}, "
+                f"expected {tuple(expected_image.shape)} and {expected_image.dtype} (channels "
+                "first)."
+            )
         if label != expected_label:
-            kind = f" (a {type(label).__name__}, not an {type(expected_label).__name__})" if str(label) == str(
-                expected_label) else ""
-            raise CheckFailed(f"dataset[{index}] has label {label!r}{kind}, {source} says {expected_label!r}: "
-                              "take the label from the same manifest entry as the sample, as an int.")
+            kind = (
+                f" (a {type(label).__name__}, not an {type(expected_label).__name__})"
+                if str(label) == str(expected_label)
+                else ""
+            )
+            raise CheckFailed(
+                f"dataset[{index}] has label {label!r}{kind}, {source} says {expected_label!r}: "
+                "take the label from the same manifest entry as the sample, as an int."
+            )
         if not torch.equal(image, expected_image):
-            raise CheckFailed(f"dataset[{index}] decodes to different pixels than {reference.paths[index]} of "
-                              f"{source}: are you reading the right sample for this index?")
+            raise CheckFailed(
+                f"dataset[{index}] decodes to different pixels than {reference.paths[index]} of "
+                f"{source}: are you reading the right sample for this index?"
+            )
 
 
 def check_folder_dataset(dataset, root):
-    """Lesson 1: a folder dataset must give the same (image, label) pairs as ``packdata``'s FolderDataset."""
+    """Lesson 1: a folder dataset must give the same (image, label) pairs as ``packdata``'s
+    FolderDataset."""
     from ..datasets import FolderDataset
 
     compare_with_reference(dataset, FolderDataset(root), "the manifest")
@@ -82,29 +110,55 @@ def check_folder_dataset(dataset, root):
 
 
 def check_predict_epoch_seconds(predict_epoch_seconds):
-    """Lesson 1: the cost model for one epoch, with ``bandwidth`` capped per connection as the emulated store does:
-    requests × latency / workers + bytes / (workers × bandwidth)."""
+    """Lesson 1: the cost model for one epoch, with ``bandwidth`` capped per connection as the
+    emulated store does: requests × latency / workers + bytes / (workers × bandwidth)."""
     from ..costmodel import predict_time
 
-    cases = [(10_000, 2_000, 0.002, 100e6, 1), (10_000, 2_000, 0.002, 1e6, 8), (500, 4e6, 0.05, 50e6, 4)]
-    mistakes = [  # (what a learner's formula that gives these numbers in every case left out, the formula)
-        ("you left out the transfer time, bytes / bandwidth.", lambda n, m, l, b, w: n * l / w),
-        ("the transfer is for every file: n_files × mean_bytes bytes in all.",
-         lambda n, m, l, b, w: (n * l + m / b) / w),
-        ("the store paces each connection on its own, so the workers' transfers run side by side too: divide the "
-         "transfer term by the workers as well.", lambda n, m, l, b, w: n * l / w + n * m / b),
-        ("workers wait for their requests at the same time: divide by the workers.",
-         lambda n, m, l, b, w: n * l + n * m / b),
+    cases = [
+        (10_000, 2_000, 0.002, 100e6, 1),
+        (10_000, 2_000, 0.002, 1e6, 8),
+        (500, 4e6, 0.05, 50e6, 4),
+    ]
+    # (what a learner's formula that gives these numbers in every case left out, the formula)
+    mistakes = [
+        ("you left out the transfer time, bytes / bandwidth.", lambda n, m, lat, b, w: n * lat / w),
+        (
+            "the transfer is for every file: n_files × mean_bytes bytes in all.",
+            lambda n, m, lat, b, w: (n * lat + m / b) / w,
+        ),
+        (
+            "the store paces each connection on its own, so the workers' transfers run side by "
+            "side too: divide the "
+            "transfer term by the workers as well.",
+            lambda n, m, lat, b, w: n * lat / w + n * m / b,
+        ),
+        (
+            "workers wait for their requests at the same time: divide by the workers.",
+            lambda n, m, lat, b, w: n * lat + n * m / b,
+        ),
     ]
     for n_files, mean_bytes, latency, bandwidth, workers in cases:
         got = predict_epoch_seconds(n_files, mean_bytes, latency, bandwidth, workers)
-        expected = predict_time(n_files, n_files * mean_bytes, latency, workers * bandwidth, concurrency=workers)
+        expected = predict_time(
+            n_files, n_files * mean_bytes, latency, workers * bandwidth, concurrency=workers
+        )
         if abs(got - expected) <= 1e-6 * expected:
             continue
-        call = f"predict_epoch_seconds({n_files}, {mean_bytes:g}, {latency}, {bandwidth:g}, {workers})"
-        follows = [hint for hint, formula in mistakes  # the mistake whose formula gives the learner's numbers
-                   if all(abs(predict_epoch_seconds(*c) - formula(*c)) <= 1e-9 * formula(*c) for c in cases)]
-        hint = (follows or ["time = requests × latency / workers + total bytes / (workers × bandwidth)."])[0]
+        call = (
+            f"predict_epoch_seconds({n_files}, {mean_bytes:g}, {latency}, {bandwidth:g}, {workers})"
+        )
+        # the mistake whose formula gives the learner's numbers
+        follows = [
+            hint
+            for hint, formula in mistakes
+            if all(
+                abs(predict_epoch_seconds(*c) - formula(*c)) <= 1e-9 * formula(*c) for c in cases
+            )
+        ]
+        hint = (
+            follows
+            or ["time = requests × latency / workers + total bytes / (workers × bandwidth)."]
+        )[0]
         raise CheckFailed(f"{call} returned {got:.4g} s, expected {expected:.4g} s: {hint}")
     passed("your prediction matches the cost model in every case.")
 
@@ -113,7 +167,13 @@ def check_workers_needed(workers_needed):
     """Lesson 1: the number of workers that reaches a target rate at a given latency."""
     from ..costmodel import workers_needed as reference
 
-    cases = [(1000, 0.005, 0.0002), (200, 0.002, 0.0), (3000, 0.01, 0.0003), (50, 0.001, 0.0), (500, 0.004, 0.0)]
+    cases = [
+        (1000, 0.005, 0.0002),
+        (200, 0.002, 0.0),
+        (3000, 0.01, 0.0003),
+        (50, 0.001, 0.0),
+        (500, 0.004, 0.0),
+    ]
     for target, latency, seconds_per_sample in cases:
         got = workers_needed(target, latency, seconds_per_sample)
         expected = reference(target, latency, seconds_per_sample)
@@ -121,14 +181,22 @@ def check_workers_needed(workers_needed):
             continue
         call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
         if not isinstance(got, int):
-            hint = "a number of workers is a whole number: round up with math.ceil and return an int."
-        elif all(workers_needed(t, l, s) == reference(t, l, 0) for t, l, s in cases):
-            hint = "include the work time, seconds_per_sample: a worker that decodes is not waiting for the next sample."
+            hint = (
+                "a number of workers is a whole number: round up with math.ceil and return an int."
+            )
+        elif all(workers_needed(t, lat, s) == reference(t, lat, 0) for t, lat, s in cases):
+            hint = (
+                "include the work time, seconds_per_sample: a worker that decodes is not waiting "
+                "for the next sample."
+            )
         elif got == expected - 1:
             hint = "round up, not down: one worker short misses the target."
         elif got == expected + 1:
-            hint = ("one worker too many: when target × (latency + seconds_per_sample) is already whole, math.ceil "
-                    "keeps it; int(x) + 1 does not.")
+            hint = (
+                "one worker too many: when target × (latency + seconds_per_sample) is already "
+                "whole, math.ceil "
+                "keeps it; int(x) + 1 does not."
+            )
         else:
             hint = "one worker delivers 1 / (latency + seconds_per_sample) samples per second."
         raise CheckFailed(f"{call} returned {got!r}, expected {expected}: {hint}")
@@ -136,7 +204,8 @@ def check_workers_needed(workers_needed):
 
 
 def check_pack_zip(pack_zip, root):
-    """Lesson 2: ``pack_zip(root, archive)`` writes every JPEG uncompressed, with labels, deterministically."""
+    """Lesson 2: ``pack_zip(root, archive)`` writes every JPEG uncompressed, with labels,
+    deterministically."""
     import json
     import tempfile
     import zipfile
@@ -147,35 +216,58 @@ def check_pack_zip(pack_zip, root):
         first, second = Path(tmp) / "first.zip", Path(tmp) / "second.zip"
         pack_zip(root, first)
         if not first.exists():
-            raise CheckFailed(f"pack_zip(root, archive) did not write {first.name}: write to the archive path it is given.")
+            raise CheckFailed(
+                f"pack_zip(root, archive) did not write {first.name}: write to the archive path it "
+                "is given."
+            )
         with zipfile.ZipFile(first) as archive:
             infos = {info.filename: info for info in archive.infolist()}
             if "labels.json" not in infos:
-                raise CheckFailed("The archive has no labels.json member: labels must travel inside the archive.")
+                raise CheckFailed(
+                    "The archive has no labels.json member: labels must travel inside the archive."
+                )
             labels = json.loads(archive.read("labels.json"))
             for sample in manifest["samples"]:
                 name = f"{sample['key']}.jpg"
                 if name not in infos:
-                    raise CheckFailed(f"Member {name} is missing: name each member <key>.jpg after the manifest's key.")
+                    raise CheckFailed(
+                        f"Member {name} is missing: name each member <key>.jpg after the "
+                        "manifest's key."
+                    )
                 if infos[name].compress_type != zipfile.ZIP_STORED:
-                    raise CheckFailed(f"{name} is compressed: JPEG does not shrink, so store it (ZIP_STORED) and "
-                                      "save the decompression time on every read.")
+                    raise CheckFailed(
+                        f"{name} is compressed: JPEG does not shrink, so store it (ZIP_STORED) and "
+                        "save the decompression time on every read."
+                    )
                 if archive.read(name) != (Path(root) / sample["path"]).read_bytes():
-                    raise CheckFailed(f"{name} differs from {sample['path']}: store the file's bytes unchanged.")
+                    raise CheckFailed(
+                        f"{name} differs from {sample['path']}: store the file's bytes unchanged."
+                    )
                 if labels.get(sample["key"]) != sample["label"]:
-                    raise CheckFailed(f"labels.json gives {labels.get(sample['key'])!r} for key {sample['key']}, "
-                                      f"the manifest says {sample['label']}.")
-        time.sleep(2.1)  # ZIP timestamps have 2-second resolution: let a clock-stamped archive show itself
+                    raise CheckFailed(
+                        f"labels.json gives {labels.get(sample['key'])!r} for key {sample['key']}, "
+                        f"the manifest says {sample['label']}."
+                    )
+        # ZIP timestamps have 2-second resolution: let a clock-stamped archive show itself
+        time.sleep(2.1)
         pack_zip(root, second)
         if first.read_bytes() != second.read_bytes():
-            raise CheckFailed("Packing the same folder twice gave different archives. writestr(name, data) stamps "
-                              "each member with the current time: pass a ZipInfo(name, date_time=...) with a fixed "
-                              "date instead, and add members in sorted key order.")
-    passed(f"{len(manifest['samples'])} samples stored uncompressed with their labels; the archive is reproducible.")
+            raise CheckFailed(
+                "Packing the same folder twice gave different archives. writestr(name, data) "
+                "stamps "
+                "each member with the current time: pass a ZipInfo(name, date_time=...) with a "
+                "fixed "
+                "date instead, and add members in sorted key order."
+            )
+    passed(
+        f"{len(manifest['samples'])} samples stored uncompressed with their labels; the archive is "
+        "reproducible."
+    )
 
 
 def check_zip_dataset(dataset, archive):
-    """Lesson 2: a ZIP-backed dataset must give the same (image, label) pairs as ``packdata``'s ZipDataset."""
+    """Lesson 2: a ZIP-backed dataset must give the same (image, label) pairs as ``packdata``'s
+    ZipDataset."""
     from ..datasets import ZipDataset
 
     compare_with_reference(dataset, ZipDataset(archive), "the archive")
@@ -183,51 +275,76 @@ def check_zip_dataset(dataset, archive):
 
 
 def check_tar_index(tar_index, tar_path):
-    """Lesson 2: ``tar_index(path)`` maps every member name to (data offset, size), read from the headers."""
+    """Lesson 2: ``tar_index(path)`` maps every member name to (data offset, size), read from the
+    headers."""
     from .. import tarindex
 
     with open(tar_path, "rb") as file:
-        expected = {name: tuple(place) for name, place in tarindex.index_members(file, str(tar_path)).items()}
+        expected = {
+            name: tuple(place)
+            for name, place in tarindex.index_members(file, str(tar_path)).items()
+        }
     got = tar_index(tar_path)
     if not isinstance(got, dict):
-        raise CheckFailed(f"tar_index should return a dict {{name: (offset, size)}}, got {type(got).__name__}.")
+        raise CheckFailed(
+            f"tar_index should return a dict {{name: (offset, size)}}, got {type(got).__name__}."
+        )
     if any(isinstance(name, bytes) for name in got):
-        raise CheckFailed("The member names are bytes: decode them to str, e.g. block[:100].rstrip(b'\\0').decode().")
+        raise CheckFailed(
+            "The member names are bytes: decode them to str, e.g. "
+            "block[:100].rstrip(b'\\0').decode()."
+        )
     padded = [name for name in got if isinstance(name, str) and "\0" in name]
     if padded:
         name = padded[0].rstrip("\0")
-        raise CheckFailed(f"Member name {name!r} is followed by {len(padded[0]) - len(name)} NUL characters: strip the "
-                          "NUL padding from the name field, e.g. block[:100].rstrip(b'\\0').decode().")
+        raise CheckFailed(
+            f"Member name {name!r} is followed by {len(padded[0]) - len(name)} NUL characters: "
+            "strip the "
+            "NUL padding from the name field, e.g. block[:100].rstrip(b'\\0').decode()."
+        )
     missing = [name for name in expected if name not in got]
     if missing:
-        raise CheckFailed(f"{len(missing)} members are missing, e.g. {missing[0]!r}: keep walking header after header "
-                          "until the first all-zero block.")
+        raise CheckFailed(
+            f"{len(missing)} members are missing, e.g. {missing[0]!r}: keep walking header after "
+            "header "
+            "until the first all-zero block."
+        )
     for name, (offset, size) in expected.items():
         got_offset, got_size = got[name]
         if got_size != size:
-            raise CheckFailed(f"{name!r}: size {got_size}, expected {size}. The size field (bytes 124-136) is an "
-                              "octal number written as ASCII: int(field.strip(b'\\0 '), 8).")
+            raise CheckFailed(
+                f"{name!r}: size {got_size}, expected {size}. The size field (bytes 124-136) is an "
+                "octal number written as ASCII: int(field.strip(b'\\0 '), 8)."
+            )
         if got_offset == offset - 512:
-            raise CheckFailed(f"{name!r}: offset {got_offset} is where its header starts; the data starts one "
-                              "512-byte block later.")
+            raise CheckFailed(
+                f"{name!r}: offset {got_offset} is where its header starts; the data starts one "
+                "512-byte block later."
+            )
         if got_offset != offset:
-            raise CheckFailed(f"{name!r}: data offset {got_offset}, expected {offset}. After each member's data, "
-                              "skip its padding up to the next multiple of 512.")
+            raise CheckFailed(
+                f"{name!r}: data offset {got_offset}, expected {offset}. After each member's data, "
+                "skip its padding up to the next multiple of 512."
+            )
     passed(f"all {len(expected)} members indexed: any sample is now one seek and one read away.")
 
 
 def check_upload_shards(upload_shards, root):
-    """Lesson 5: ``upload_shards(client, dataset, paths)`` stores every shard on a ``DatasetService`` and returns their
-    URLs in order; streaming those URLs gives every sample of ``root`` exactly once."""
+    """Lesson 5: ``upload_shards(client, dataset, paths)`` stores every shard on a
+    ``DatasetService`` and returns their URLs in order; streaming those URLs gives every sample of
+    ``root`` exactly once."""
     import tempfile
 
-    from ..shardwrite import write_shards
     from ..service import DatasetClient, DatasetService, ServiceError
+    from ..shardwrite import write_shards
     from ..streaming import ShardDataset
 
     keys = sorted(sample["key"] for sample in imagefolder.load_manifest(root)["samples"])
-    with tempfile.TemporaryDirectory() as local, tempfile.TemporaryDirectory() as served, \
-            DatasetService(served) as service:
+    with (
+        tempfile.TemporaryDirectory() as local,
+        tempfile.TemporaryDirectory() as served,
+        DatasetService(served) as service,
+    ):
         written = write_shards(root, local, maxcount=max(1, len(keys) // 3), progress=False)
         paths = [info.path for info in written]
         client = DatasetClient(service.url)
@@ -237,71 +354,118 @@ def check_upload_shards(upload_shards, root):
             hint = " Create the dataset first: client.create(name)." if error.status == 404 else ""
             raise CheckFailed(f"The service refused a request: {error}.{hint}") from None
         if not isinstance(urls, list) or len(urls) != len(paths):
-            raise CheckFailed(f"Return a list with one URL per shard ({len(paths)}), got {urls!r:.200}.")
+            raise CheckFailed(
+                f"Return a list with one URL per shard ({len(paths)}), got {urls!r:.200}."
+            )
         for path, url in zip(paths, urls):
             if url != client.url_for("exercise", path.name):
-                hint = ("use the dataset name you are given (the check passes 'exercise'), not a fixed one"
-                        if isinstance(url, str) and url.endswith(f"/{path.name}") else
-                        "return what client.upload gives back")
-                raise CheckFailed(f"For {path.name} you returned {url!r}; {hint}: the shard's URL on the service "
-                                  f"is {client.url_for('exercise', path.name)}.")
+                hint = (
+                    "use the dataset name you are given (the check passes 'exercise'), not a fixed "
+                    "one"
+                    if isinstance(url, str) and url.endswith(f"/{path.name}")
+                    else "return what client.upload gives back"
+                )
+                raise CheckFailed(
+                    f"For {path.name} you returned {url!r}; {hint}: the shard's URL on the service "
+                    f"is {client.url_for('exercise', path.name)}."
+                )
             stored = service.root / "exercise" / path.name
             if not stored.is_file() or stored.read_bytes() != path.read_bytes():
-                raise CheckFailed(f"{path.name} is not on the service with the same bytes: upload every shard.")
-        streamed = sorted(key for _, _, key in ShardDataset(urls, keys=("jpg", "cls", "__key__"), decode=False))
+                raise CheckFailed(
+                    f"{path.name} is not on the service with the same bytes: upload every shard."
+                )
+        streamed = sorted(
+            key for _, _, key in ShardDataset(urls, keys=("jpg", "cls", "__key__"), decode=False)
+        )
     if streamed != keys:
-        raise CheckFailed(f"Streaming your URLs gave {len(streamed)} samples for {len(keys)} in the dataset.")
-    passed(f"{len(paths)} shards uploaded; streaming their URLs gives all {len(keys)} samples exactly once.")
+        raise CheckFailed(
+            f"Streaming your URLs gave {len(streamed)} samples for {len(keys)} in the dataset."
+        )
+    passed(
+        f"{len(paths)} shards uploaded; streaming their URLs gives all {len(keys)} samples exactly "
+        "once."
+    )
 
 
 def check_samples_per_shard(samples_per_shard):
-    """Lesson 5: samples per shard so that each GET reaches ``efficiency`` of the bandwidth, by the cost model."""
+    """Lesson 5: samples per shard so that each GET reaches ``efficiency`` of the bandwidth, by the
+    cost model."""
     import math
 
     from ..costmodel import size_for_efficiency
 
-    cases = [(0.002, 100e6, 2_100, 0.9), (0.02, 100e6, 2_100, 0.9), (0.05, 1e9, 110_000, 0.95), (1e-4, 500e6, 2_100, 0.5)]
+    cases = [
+        (0.002, 100e6, 2_100, 0.9),
+        (0.02, 100e6, 2_100, 0.9),
+        (0.05, 1e9, 110_000, 0.95),
+        (1e-4, 500e6, 2_100, 0.5),
+    ]
     for latency, bandwidth, mean_bytes, efficiency in cases:
         expected = math.ceil(size_for_efficiency(latency, bandwidth, efficiency) / mean_bytes)
         got = samples_per_shard(latency, bandwidth, mean_bytes, efficiency)
         call = f"samples_per_shard({latency}, {bandwidth:g}, {mean_bytes}, {efficiency})"
         if isinstance(got, float) and got == expected:
-            raise CheckFailed(f"{call} returned {got!r}, a float: return an int (math.ceil gives one; np.ceil gives "
-                              "a float).")
+            raise CheckFailed(
+                f"{call} returned {got!r}, a float: return an int (math.ceil gives one; np.ceil "
+                "gives "
+                "a float)."
+            )
         if not isinstance(got, int) or isinstance(got, bool):
-            raise CheckFailed(f"{call} returned {got!r}: a number of samples is a whole number (round up).")
+            raise CheckFailed(
+                f"{call} returned {got!r}: a number of samples is a whole number (round up)."
+            )
         if got == expected - 1:
-            raise CheckFailed(f"{call} returned {got}, one too few: round up, or the shard falls short of "
-                              f"{efficiency:.0%}.")
+            raise CheckFailed(
+                f"{call} returned {got}, one too few: round up, or the shard falls short of "
+                f"{efficiency:.0%}."
+            )
         if got != expected:
-            raise CheckFailed(f"{call} returned {got}, expected {expected}. Solve size / (size + latency × bandwidth) "
-                              "= efficiency for the size in bytes, then divide by the bytes per sample.")
-    passed("right shard size for every latency and bandwidth: the slower the round trip, the bigger the shard.")
+            raise CheckFailed(
+                f"{call} returned {got}, expected {expected}. Solve size / (size + latency × "
+                "bandwidth) "
+                "= efficiency for the size in bytes, then divide by the bytes per sample."
+            )
+    passed(
+        "right shard size for every latency and bandwidth: the slower the round trip, the bigger "
+        "the shard."
+    )
 
 
 def check_shards_for_rank(shards_for_rank):
-    """Lesson 5: ``shards_for_rank(shards, rank, world_size)``: disjoint parts that cover the list, sizes within one."""
+    """Lesson 5: ``shards_for_rank(shards, rank, world_size)``: disjoint parts that cover the list,
+    sizes within one."""
     for count, world_size in [(10, 2), (10, 4), (9, 3), (7, 8), (1000, 7)]:
         shards = [f"train-{i:06d}.tar" for i in range(count)]
         parts = [list(shards_for_rank(shards, rank, world_size)) for rank in range(world_size)]
         call = f"with {count} shards and {world_size} ranks"
         seen = [shard for part in parts for shard in part]
         if len(seen) != len(set(seen)):
-            raise CheckFailed(f"{call}, some shard goes to two ranks: both would train on its samples.")
+            raise CheckFailed(
+                f"{call}, some shard goes to two ranks: both would train on its samples."
+            )
         if set(seen) != set(shards):
-            raise CheckFailed(f"{call}, {len(shards) - len(set(seen))} shards go to no rank: their samples are "
-                              "never trained on.")
+            raise CheckFailed(
+                f"{call}, {len(shards) - len(set(seen))} shards go to no rank: their samples are "
+                "never trained on."
+            )
         sizes = sorted(len(part) for part in parts)
         if sizes[-1] - sizes[0] > 1:
-            raise CheckFailed(f"{call}, the ranks get {sizes[0]} to {sizes[-1]} shards: the busiest rank sets the pace "
-                              "while the others wait. Deal the shards out like cards: every world_size-th one.")
-    passed("every shard goes to exactly one rank, and no rank gets more than one shard more than another.")
+            raise CheckFailed(
+                f"{call}, the ranks get {sizes[0]} to {sizes[-1]} shards: the busiest rank sets "
+                "the pace "
+                "while the others wait. Deal the shards out like cards: every world_size-th one."
+            )
+    passed(
+        "every shard goes to exactly one rank, and no rank gets more than one shard more than "
+        "another."
+    )
 
 
 def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
-    """Keys of one epoch as ``world_size`` simulated ranks × ``num_workers`` DataLoader workers stream them from
-    ``shards`` with ``ShardDataset(**options)``: real worker processes where ``fork`` exists (a function defined in a
-    notebook reaches them that way), else each worker's share computed in this process."""
+    """Keys of one epoch as ``world_size`` simulated ranks × ``num_workers`` DataLoader workers
+    stream them from ``shards`` with ``ShardDataset(**options)``: real worker processes where
+    ``fork`` exists (a function defined in a notebook reaches them that way), else each worker's
+    share computed in this process."""
     import multiprocessing
     import warnings
 
@@ -311,20 +475,32 @@ def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
 
     keys = []
     for rank in range(world_size):
-        dataset = ShardDataset(shards, rank=rank, world_size=world_size, keys=("__key__",), decode=False, **options)
+        dataset = ShardDataset(
+            shards, rank=rank, world_size=world_size, keys=("__key__",), decode=False, **options
+        )
         dataset.set_epoch(epoch)
         if "fork" in multiprocessing.get_all_start_methods():
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-                loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, multiprocessing_context="fork")
+                loader = DataLoader(
+                    dataset,
+                    batch_size=None,
+                    num_workers=num_workers,
+                    multiprocessing_context="fork",
+                )
                 keys += [key for (key,) in loader]
         else:
-            keys += [key for worker in range(num_workers) for (key,) in dataset.iterate(worker, num_workers)]
+            keys += [
+                key
+                for worker in range(num_workers)
+                for (key,) in dataset.iterate(worker, num_workers)
+            ]
     return keys
 
 
 def _check_exactly_once(shards, what, **options):
-    """2 ranks × 3 workers, two epochs: every sample exactly once per epoch, and the next epoch in another order."""
+    """2 ranks × 3 workers, two epochs: every sample exactly once per epoch, and the next epoch in
+    another order."""
     from ..layout import expand_shards
     from ..shardread import count_shard_samples
 
@@ -333,52 +509,76 @@ def _check_exactly_once(shards, what, **options):
     for epoch, keys in enumerate(orders):
         repeated = [key for key, n in Counter(keys).items() if n > 1]
         if repeated:
-            raise CheckFailed(f"epoch {epoch}: {len(repeated)} samples arrived more than once across 2 ranks × 3 "
-                              f"workers (e.g. key {repeated[0]!r}) {what}")
+            raise CheckFailed(
+                f"epoch {epoch}: {len(repeated)} samples arrived more than once across 2 ranks × 3 "
+                f"workers (e.g. key {repeated[0]!r}) {what}"
+            )
         if len(keys) != expected:
-            raise CheckFailed(f"epoch {epoch}: {expected - len(keys)} of {expected} samples never arrived across 2 "
-                              f"ranks × 3 workers {what}")
+            raise CheckFailed(
+                f"epoch {epoch}: {expected - len(keys)} of {expected} samples never arrived across "
+                "2 "
+                f"ranks × 3 workers {what}"
+            )
     if orders[0] == orders[1]:
         raise CheckFailed(f"epochs 0 and 1 delivered the samples in the same order {what}")
     return expected
 
 
 def check_shard_split(split_shards, shards):
-    """Lesson 4: ``split_shards(shards, rank, world_size, worker, num_workers)`` gives every (rank, worker) a part of
-    the list: disjoint, complete, within one shard of each other; then streams every sample exactly once."""
+    """Lesson 4: ``split_shards(shards, rank, world_size, worker, num_workers)`` gives every (rank,
+    worker) a part of the list: disjoint, complete, within one shard of each other; then streams
+    every sample exactly once."""
     for count, world_size, num_workers in [(20, 2, 3), (7, 2, 2), (5, 1, 4), (12, 3, 1), (3, 2, 3)]:
         names = [f"train-{i:06d}.tar" for i in range(count)]
-        parts = {(rank, worker): list(split_shards(names, rank, world_size, worker, num_workers))
-                 for rank in range(world_size) for worker in range(num_workers)}
+        parts = {
+            (rank, worker): list(split_shards(names, rank, world_size, worker, num_workers))
+            for rank in range(world_size)
+            for worker in range(num_workers)
+        }
         call = f"with {count} shards, {world_size} ranks and {num_workers} workers"
         owners = {}
         for place, part in parts.items():
             for name in part:
                 if name in owners:
                     (r1, w1), (r2, w2) = owners[name], place
-                    raise CheckFailed(f"{call}, {name} goes to rank {r1} worker {w1} and to rank {r2} worker {w2}: "
-                                      "its samples would arrive twice. Split by rank first, then by worker.")
+                    raise CheckFailed(
+                        f"{call}, {name} goes to rank {r1} worker {w1} and to rank {r2} worker "
+                        f"{w2}: "
+                        "its samples would arrive twice. Split by rank first, then by worker."
+                    )
                 owners[name] = place
         if len(owners) != count:
             missing = sorted(set(names) - set(owners))
-            raise CheckFailed(f"{call}, nobody reads {missing[0]} ({len(missing)} shards left out).")
+            raise CheckFailed(
+                f"{call}, nobody reads {missing[0]} ({len(missing)} shards left out)."
+            )
         sizes = sorted(map(len, parts.values()))
         if sizes[-1] - sizes[0] > 1:
-            raise CheckFailed(f"{call}, workers get {sizes[0]} to {sizes[-1]} shards: deal them out like cards.")
-    given = [f"train-{i:06d}.tar" for i in reversed(range(8))]  # an epoch's shuffled order, here simply reversed
+            raise CheckFailed(
+                f"{call}, workers get {sizes[0]} to {sizes[-1]} shards: deal them out like cards."
+            )
+    # an epoch's shuffled order, here simply reversed
+    given = [f"train-{i:06d}.tar" for i in reversed(range(8))]
     for rank in range(2):
         part = list(split_shards(given, rank, 2, 0, 1))
         if part != sorted(part, key=given.index):
-            raise CheckFailed("Keep the order you are given: the list arrives reshuffled for each epoch, and sorting "
-                              "it gives every epoch the same order.")
+            raise CheckFailed(
+                "Keep the order you are given: the list arrives reshuffled for each epoch, and "
+                "sorting "
+                "it gives every epoch the same order."
+            )
     samples = _check_exactly_once(shards, "with your split.", splitter=split_shards)
-    passed(f"disjoint, complete, balanced; 2 ranks × 3 workers streamed all {samples:,} samples exactly once per epoch, "
-           "in a new order in the next epoch.")
+    passed(
+        f"disjoint, complete, balanced; 2 ranks × 3 workers streamed all {samples:,} samples "
+        "exactly once per epoch, "
+        "in a new order in the next epoch."
+    )
 
 
 def check_shuffle_buffer(shuffle_buffer, shards):
-    """Lesson 4: ``shuffle_buffer(samples, size, rng)`` fills up before it yields, loses and repeats nothing, shuffles,
-    and is reproducible from ``rng``; then streams every sample exactly once with it."""
+    """Lesson 4: ``shuffle_buffer(samples, size, rng)`` fills up before it yields, loses and repeats
+    nothing, shuffles, and is reproducible from ``rng``; then streams every sample exactly once with
+    it."""
     import random
 
     consumed = []
@@ -390,56 +590,90 @@ def check_shuffle_buffer(shuffle_buffer, shards):
 
     stream = shuffle_buffer(source(), 50, random.Random(0))
     if not isinstance(stream, Iterator):
-        raise CheckFailed(f"shuffle_buffer returned a {type(stream).__name__}: write a generator (yield the samples "
-                          "one at a time), or it holds the whole stream in memory.")
+        raise CheckFailed(
+            f"shuffle_buffer returned a {type(stream).__name__}: write a generator (yield the "
+            "samples "
+            "one at a time), or it holds the whole stream in memory."
+        )
     out = []
     for item in stream:
         if not out and len(consumed) < 50:
-            raise CheckFailed(f"the first sample came out after reading only {len(consumed)} of a buffer of 50: fill "
-                              "the buffer before yielding, or the first samples are hardly shuffled.")
+            raise CheckFailed(
+                f"the first sample came out after reading only {len(consumed)} of a buffer of 50: "
+                "fill "
+                "the buffer before yielding, or the first samples are hardly shuffled."
+            )
         if len(consumed) > 50 + len(out) + 1:
-            raise CheckFailed(f"sample {len(out) + 1} came out after reading {len(consumed)}: a buffer of 50 never "
-                              "reads more than 50 ahead of what it has yielded (the stream may not fit in memory).")
+            raise CheckFailed(
+                f"sample {len(out) + 1} came out after reading {len(consumed)}: a buffer of 50 "
+                "never "
+                "reads more than 50 ahead of what it has yielded (the stream may not fit in "
+                "memory)."
+            )
         out.append(item)
     if sorted(out) != list(range(200)):
         lost = 200 - len(set(out))
-        raise CheckFailed(f"200 samples went in, {len(out)} came out ({lost} missing): at the end, yield what is "
-                          "still in the buffer.")
+        raise CheckFailed(
+            f"200 samples went in, {len(out)} came out ({lost} missing): at the end, yield what is "
+            "still in the buffer."
+        )
     if out == list(range(200)):
-        raise CheckFailed("the samples come out in the order they went in: pick a random one of the buffer with rng.")
+        raise CheckFailed(
+            "the samples come out in the order they went in: pick a random one of the buffer with "
+            "rng."
+        )
     consumed.clear()
     if list(shuffle_buffer(source(), 50, random.Random(0))) != out:
-        raise CheckFailed("the same rng seed gave a different order: draw every random choice from rng, nothing else.")
+        raise CheckFailed(
+            "the same rng seed gave a different order: draw every random choice from rng, nothing "
+            "else."
+        )
     small = list(shuffle_buffer(iter(range(20)), 50, random.Random(1)))
     if sorted(small) != list(range(20)):
-        raise CheckFailed(f"a stream shorter than the buffer (20 samples, buffer 50) came out as {small}.")
+        raise CheckFailed(
+            f"a stream shorter than the buffer (20 samples, buffer 50) came out as {small}."
+        )
     if small == list(range(20)):
-        raise CheckFailed("a stream shorter than the buffer (20 samples, buffer 50) came out in the order it went in: "
-                          "the buffer never filled, so everything left in the final drain. Shuffle what is left with "
-                          "rng.shuffle before yielding it.")
-    samples = _check_exactly_once(shards, "with your buffer.", shuffle=False, buffer_size=100, buffer=shuffle_buffer)
-    passed(f"fills first, keeps every sample, reproducible; 2 ranks × 3 workers streamed all {samples:,} samples exactly "
-           "once per epoch, in a new order in the next epoch.")
+        raise CheckFailed(
+            "a stream shorter than the buffer (20 samples, buffer 50) came out in the order it "
+            "went in: "
+            "the buffer never filled, so everything left in the final drain. Shuffle what is left "
+            "with "
+            "rng.shuffle before yielding it."
+        )
+    samples = _check_exactly_once(
+        shards, "with your buffer.", shuffle=False, buffer_size=100, buffer=shuffle_buffer
+    )
+    passed(
+        "fills first, keeps every sample, reproducible; 2 ranks × 3 workers streamed all "
+        f"{samples:,} samples exactly "
+        "once per epoch, in a new order in the next epoch."
+    )
 
 
-# --- lesson 3: per-worker file handles ---------------------------------------------------------------
+# --- lesson 3: per-worker file handles ------------------------------------------------------------
 
 CHECK_WORKERS = 3
 
 
 def _audit_or_explain(dataset, manifest, what, **loader_kwargs):
-    """``handles.audit_reads`` with ``CHECK_WORKERS`` workers; a loader that fails (e.g. the dataset does not
-    pickle, or a worker dies) becomes ``CheckFailed`` naming ``what`` ran. The learner's ``NotImplementedError``
-    passes through."""
+    """``handles.audit_reads`` with ``CHECK_WORKERS`` workers; a loader that fails (e.g. the dataset
+    does not pickle, or a worker dies) becomes ``CheckFailed`` naming ``what`` ran. The learner's
+    ``NotImplementedError`` passes through."""
     import warnings
 
     from ..audit import audit_reads, expected_checksums
 
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*worker processes in total.*")  # 3 workers on purpose
-            return audit_reads(dataset, expected_checksums(dataset, manifest), num_workers=CHECK_WORKERS,
-                               **loader_kwargs)
+            # 3 workers on purpose
+            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+            return audit_reads(
+                dataset,
+                expected_checksums(dataset, manifest),
+                num_workers=CHECK_WORKERS,
+                **loader_kwargs,
+            )
     except NotImplementedError:
         raise
     except Exception as error:
@@ -452,56 +686,93 @@ def _first_error(audit):
 
 
 def check_per_process_handle(dataset_class, archive, manifest):
-    """Lesson 3: ``dataset_class(archive)._get_file_handle()`` is one ``ZipFile`` per process, reused within it."""
+    """Lesson 3: ``dataset_class(archive)._get_file_handle()`` is one ``ZipFile`` per process,
+    reused within it."""
     import zipfile
 
     dataset = dataset_class(archive)
     handle = dataset._get_file_handle()
     if not isinstance(handle, zipfile.ZipFile):
-        raise CheckFailed(f"_get_file_handle() returned a {type(handle).__name__}; it should return a "
-                          "zipfile.ZipFile of self.archive.")
+        raise CheckFailed(
+            f"_get_file_handle() returned a {type(handle).__name__}; it should return a "
+            "zipfile.ZipFile of self.archive."
+        )
     if dataset._get_file_handle() is not handle:
-        raise CheckFailed("Two calls in the same process returned two different ZipFiles: you open the archive (and "
-                          "read its central directory) for every sample. Keep the ZipFile in self and return the "
-                          "same one until os.getpid() changes.")
-    handle.close()  # from now on, any process that still reads through the main process's handle fails at once
-    audit = _audit_or_explain(dataset, manifest, f"A DataLoader with {CHECK_WORKERS} forked workers",
-                              multiprocessing_context="fork", batch_size=4)
+        raise CheckFailed(
+            "Two calls in the same process returned two different ZipFiles: you open the archive "
+            "(and "
+            "read its central directory) for every sample. Keep the ZipFile in self and return the "
+            "same one until os.getpid() changes."
+        )
+    # from now on, any process that still reads through the main process's handle fails at once
+    handle.close()
+    audit = _audit_or_explain(
+        dataset,
+        manifest,
+        f"A DataLoader with {CHECK_WORKERS} forked workers",
+        multiprocessing_context="fork",
+        batch_size=4,
+    )
     if audit.errors:
         raise CheckFailed(
-            f"{len(audit.errors)} of {audit.samples:,} samples failed in {CHECK_WORKERS} forked workers "
-            f"({_first_error(audit)}). This check closed the main process's ZipFile before starting them, so a "
-            "worker that reads through the handle it inherited fails instead of racing the others. Remember "
-            "which process opened the handle (os.getpid()) and open a new one when the caller is another process."
+            f"{len(audit.errors)} of {audit.samples:,} samples failed in {CHECK_WORKERS} forked "
+            "workers "
+            f"({_first_error(audit)}). This check closed the main process's ZipFile before "
+            "starting them, so a "
+            "worker that reads through the handle it inherited fails instead of racing the others. "
+            "Remember "
+            "which process opened the handle (os.getpid()) and open a new one when the caller is "
+            "another process."
         )
     if audit.wrong:
-        raise CheckFailed(f"{len(audit.wrong)} samples came back with the wrong bytes, e.g. sample {audit.wrong[0]}: "
-                          "read the member named self.paths[index] through this process's handle.")
-    passed(f"one ZipFile per process: {CHECK_WORKERS} forked workers opened their own and read all "
-           f"{audit.samples:,} samples right.")
+        raise CheckFailed(
+            f"{len(audit.wrong)} samples came back with the wrong bytes, e.g. sample "
+            f"{audit.wrong[0]}: "
+            "read the member named self.paths[index] through this process's handle."
+        )
+    passed(
+        f"one ZipFile per process: {CHECK_WORKERS} forked workers opened their own and read all "
+        f"{audit.samples:,} samples right."
+    )
 
 
 def check_worker_init_fn(worker_init_fn, archive, manifest):
-    """Lesson 3: ``worker_init_fn`` gives each forked worker's copy of a ``ZipDataset`` a ``ZipFile`` of its own."""
+    """Lesson 3: ``worker_init_fn`` gives each forked worker's copy of a ``ZipDataset`` a
+    ``ZipFile`` of its own."""
     from ..datasets import ZipDataset
 
     dataset = ZipDataset(archive)
-    dataset.zip_file.close()  # a worker still reading through the main process's handle now fails at once
-    audit = _audit_or_explain(dataset, manifest, f"A DataLoader with {CHECK_WORKERS} forked workers and your "
-                              "worker_init_fn", multiprocessing_context="fork", batch_size=4,
-                              worker_init_fn=worker_init_fn)
+    # a worker still reading through the main process's handle now fails at once
+    dataset.zip_file.close()
+    audit = _audit_or_explain(
+        dataset,
+        manifest,
+        f"A DataLoader with {CHECK_WORKERS} forked workers and your worker_init_fn",
+        multiprocessing_context="fork",
+        batch_size=4,
+        worker_init_fn=worker_init_fn,
+    )
     if audit.errors:
         raise CheckFailed(
-            f"{len(audit.errors)} of {audit.samples:,} samples failed ({_first_error(audit)}). This check closed the "
-            "main process's ZipFile before the workers started, so a worker that still reads through it fails. "
-            "In worker_init_fn, take get_worker_info().dataset (this worker's copy) and set its zip_file to a new "
+            f"{len(audit.errors)} of {audit.samples:,} samples failed ({_first_error(audit)}). "
+            "This check closed the "
+            "main process's ZipFile before the workers started, so a worker that still reads "
+            "through it fails. "
+            "In worker_init_fn, take get_worker_info().dataset (this worker's copy) and set its "
+            "zip_file to a new "
             "zipfile.ZipFile(dataset.archive)."
         )
     if audit.wrong:
-        raise CheckFailed(f"{len(audit.wrong)} samples came back with the wrong bytes, e.g. sample {audit.wrong[0]}: "
-                          "open the same archive, dataset.archive, in each worker.")
-    passed(f"each of {CHECK_WORKERS} forked workers read through a ZipFile of its own: all {audit.samples:,} samples "
-           "right.")
+        raise CheckFailed(
+            f"{len(audit.wrong)} samples came back with the wrong bytes, e.g. sample "
+            f"{audit.wrong[0]}: "
+            "open the same archive, dataset.archive, in each worker."
+        )
+    passed(
+        f"each of {CHECK_WORKERS} forked workers read through a ZipFile of its own: all "
+        f"{audit.samples:,} samples "
+        "right."
+    )
 
 
 def _classes_named_by(blob):
@@ -534,27 +805,47 @@ def check_spawn_ready(dataset, manifest):
     except Exception as error:
         if re.search(r"cannot pickle '(_io\.|_thread\.|[^']*lock)", str(error), re.IGNORECASE):
             raise CheckFailed(
-                f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. A spawned worker receives the "
-                "dataset pickled, and an open ZipFile (its file, its lock) cannot be pickled. Pickle a recipe "
-                "instead: __reduce__ returns a class and the arguments to build the dataset again, e.g. the archive "
+                f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. A spawned worker "
+                "receives the "
+                "dataset pickled, and an open ZipFile (its file, its lock) cannot be pickled. "
+                "Pickle a recipe "
+                "instead: __reduce__ returns a class and the arguments to build the dataset again, "
+                "e.g. the archive "
                 "path."
             ) from error
         raise CheckFailed(
-            f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. __reduce__ must return a tuple of two "
-            "things: the class to call, then a tuple of the arguments to call it with, such as (SomeClass, (path,)) "
+            f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. __reduce__ must "
+            "return a tuple of two "
+            "things: the class to call, then a tuple of the arguments to call it with, such as "
+            "(SomeClass, (path,)) "
             "(the comma makes a one-item tuple)."
         ) from error
-    from_notebook = [f"{module}.{name}" for module, name in _classes_named_by(blob) if module == "__main__"]
+    from_notebook = [
+        f"{module}.{name}" for module, name in _classes_named_by(blob) if module == "__main__"
+    ]
     if from_notebook:
         raise CheckFailed(
-            f"The pickle names {from_notebook[0]}, defined in this notebook. A spawned worker is a fresh Python: it "
-            "imports what the pickle names, and it cannot import a notebook. Rebuild with a class that lives in a "
+            f"The pickle names {from_notebook[0]}, defined in this notebook. A spawned worker is a "
+            "fresh Python: it "
+            "imports what the pickle names, and it cannot import a notebook. Rebuild with a class "
+            "that lives in a "
             "module, such as packdata.datasets.ZipDataset."
         )
-    audit = _audit_or_explain(dataset, manifest, f"A DataLoader with {CHECK_WORKERS} spawned workers",
-                              multiprocessing_context="spawn", batch_size=64)
+    audit = _audit_or_explain(
+        dataset,
+        manifest,
+        f"A DataLoader with {CHECK_WORKERS} spawned workers",
+        multiprocessing_context="spawn",
+        batch_size=64,
+    )
     if audit.corrupted:
-        raise CheckFailed(f"{audit.corrupted} of {audit.samples:,} samples did not arrive intact in the spawned "
-                          f"workers ({audit}); rebuild the dataset from the same archive, with the same arguments.")
-    passed(f"the dataset pickles to {len(blob):,} bytes with no open file inside; {CHECK_WORKERS} spawned workers "
-           f"rebuilt it and read all {audit.samples:,} samples right.")
+        raise CheckFailed(
+            f"{audit.corrupted} of {audit.samples:,} samples did not arrive intact in the spawned "
+            f"workers ({audit}); rebuild the dataset from the same archive, with the same "
+            "arguments."
+        )
+    passed(
+        f"the dataset pickles to {len(blob):,} bytes with no open file inside; {CHECK_WORKERS} "
+        "spawned workers "
+        f"rebuilt it and read all {audit.samples:,} samples right."
+    )

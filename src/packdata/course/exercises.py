@@ -38,7 +38,7 @@ def strip_solutions(source, where="cell"):
     for number, line in enumerate(source.splitlines(), start=1):
         marker = line.strip()
         if marker.startswith(HINT):
-            hints.append(marker[len(HINT):].strip())
+            hints.append(marker[len(HINT) :].strip())
         elif marker == BEGIN:
             if in_solution:
                 raise ExerciseSourceError(f"{where}, line {number}: nested {BEGIN}")
@@ -51,12 +51,16 @@ def strip_solutions(source, where="cell"):
             in_solution = False
         elif not in_solution:
             if hints:
-                raise ExerciseSourceError(f"{where}, line {number}: {HINT} must come right before {BEGIN}")
+                raise ExerciseSourceError(
+                    f"{where}, line {number}: {HINT} must come right before {BEGIN}"
+                )
             out.append(line)
     if in_solution:
         raise ExerciseSourceError(f"{where}: {BEGIN} without {END}")
     if hints:
-        raise ExerciseSourceError(f"{where}: {HINT} at the end of the cell, with no {BEGIN} after it")
+        raise ExerciseSourceError(
+            f"{where}: {HINT} at the end of the cell, with no {BEGIN} after it"
+        )
     return "\n".join(out), regions
 
 
@@ -70,13 +74,17 @@ def exercise_text(solution_path):
         if SOLUTION_ONLY_TAG in tags:
             continue
         if cell.cell_type == "code":
-            cell.source, regions = strip_solutions(cell.source, f"{solution_path}, cell {index + 1}")
+            cell.source, regions = strip_solutions(
+                cell.source, f"{solution_path}, cell {index + 1}"
+            )
             if regions and STUB_TAG not in tags:
                 cell.metadata["tags"] = [*tags, STUB_TAG]
             total += regions
         cells.append(cell)
     if total == 0:
-        raise ExerciseSourceError(f"{solution_path}: no {BEGIN} region, so there is nothing to exercise")
+        raise ExerciseSourceError(
+            f"{solution_path}: no {BEGIN} region, so there is nothing to exercise"
+        )
     notebook.cells = cells
     return jupytext.writes(notebook, fmt="md")
 
@@ -98,7 +106,8 @@ def write_exercises(solutions_dir="solutions", exercises_dir="exercises"):
 
 
 def check_exercises(solutions_dir="solutions", exercises_dir="exercises"):
-    """Paths of exercises that are missing, stale or have no solution behind them (empty: in sync)."""
+    """Paths of exercises that are missing, stale or have no solution behind them (empty: in
+    sync)."""
     exercises_dir = Path(exercises_dir)
     solutions = solution_files(solutions_dir)
     drifted = [

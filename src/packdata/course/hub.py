@@ -9,14 +9,17 @@ from pathlib import Path
 
 LAB_OVERRIDES = {
     # Lessons are .md files: open them as notebooks (jupytext), not as text.
-    "@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook"}},
+    "@jupyterlab/docmanager-extension:plugin": {
+        "defaultViewers": {"markdown": "Jupytext Notebook"}
+    },
     # The course runs offline: no news or update checks that would try to reach the internet.
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
 }
 
 
 def write_lab_settings(prefix=None):
-    """Write JupyterLab's ``overrides.json`` under ``prefix`` (default: this Python's); return its path.
+    """Write JupyterLab's ``overrides.json`` under ``prefix`` (default: this Python's); return its
+    path.
 
     Settings already in the file for other plugins are kept.
     """

@@ -42,7 +42,8 @@ DEFAULT_NPM_PREFIX = Path(__file__).resolve().parents[3] / "build" / "npm"
 
 # A tag that makes the browser fetch something from another host.
 REMOTE_ASSET = re.compile(
-    r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//[^\s\"'>]+", re.IGNORECASE
+    r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//[^\s\"'>]+",
+    re.IGNORECASE,
 )
 # The reveal themes pull their web fonts from Google; offline they fall back to the system fonts.
 CSS_REMOTE_IMPORT = re.compile(r"@import url\((?:https?:)?//[^)]*\);\s*")
@@ -53,8 +54,14 @@ def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     offline = vendor_assets(out_dir / "vendor", Path(npm_prefix or DEFAULT_NPM_PREFIX))
-    # images travel inside the deck; long slides scroll; a 16:9 canvas wide enough for 100-column code
-    traits = {"embed_images": True, "reveal_scroll": True, "reveal_width": "1400", "reveal_height": "790"}
+    # images travel inside the deck; long slides scroll; a 16:9 canvas wide enough for 100-column
+    # code
+    traits = {
+        "embed_images": True,
+        "reveal_scroll": True,
+        "reveal_width": "1400",
+        "reveal_height": "790",
+    }
     if offline:
         traits.update(OFFLINE_TRAITS, template_file=str(TEMPLATE))
     decks = []
@@ -79,22 +86,35 @@ def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
 
 
 def vendor_assets(vendor_dir, npm_prefix):
-    """Copy reveal.js, jQuery, require.js and MathJax into ``vendor_dir``; False when npm is missing."""
+    """Copy reveal.js, jQuery, require.js and MathJax into ``vendor_dir``; False when npm is
+    missing."""
     if shutil.which("npm") is None:
         print(
-            "warning: npm not found, the slides load reveal.js and MathJax from CDNs and need network",
+            "warning: npm not found, the slides load reveal.js and MathJax from CDNs and need "
+            "network",
             file=sys.stderr,
         )
         return False
     modules = npm_prefix / "node_modules"
     if not all((modules / name / "package.json").exists() for name in VENDOR_FILES):
-        cmd = ["npm", "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(npm_prefix), *NPM_PACKAGES]
+        cmd = [
+            "npm",
+            "install",
+            "--no-save",
+            "--no-audit",
+            "--no-fund",
+            "--prefix",
+            str(npm_prefix),
+            *NPM_PACKAGES,
+        ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     for name, paths in VENDOR_FILES.items():
         for rel in paths:
             source, target = modules / name / rel, vendor_dir / name / rel
             if source.is_dir():
-                shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("a11y"))
+                shutil.copytree(
+                    source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("a11y")
+                )
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target)
