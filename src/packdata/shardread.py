@@ -15,6 +15,7 @@ from functools import cache
 from itertools import islice
 from pathlib import Path
 
+from .compression import decompressed
 from .httpclient import HttpClient, is_url
 from .images import IMAGE_FIELDS, decode_image
 from .layout import expand_shards, group_samples, is_meta, members_of, raise_now, split_member
@@ -29,7 +30,13 @@ def client_for(base_url):
 
 
 def read_shard(shard):
-    """All bytes of one shard: one read of a local file, or one GET of an ``http://`` URL."""
+    """The tar bytes of one shard, decompressed when it is a ``.tar.gz`` (or bzip2, or xz): one read
+    of a local file, or one GET of an ``http://`` URL."""
+    return decompressed(fetch_shard(shard), shard)
+
+
+def fetch_shard(shard):
+    """The bytes of one shard file as stored, compressed or not."""
     if not is_url(shard):
         return Path(shard).read_bytes()
     parts = urllib.parse.urlsplit(shard)

@@ -26,6 +26,7 @@ from itertools import chain, islice
 import torch
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
+from .compression import CompressionError
 from .images import IMAGE_FIELDS, check_decoder, decode_image
 from .layout import ShardError, expand_shards, group_samples, is_meta, raise_now
 from .plaingroup import plain_tuples
@@ -34,6 +35,8 @@ from .tario import TarFormatError
 from .tarscan import iter_buffer
 
 ERROR_MODES = ("raise", "skip")
+# how a shard that cannot be read at all fails: missing, HTTP error, not a tar, compressed beyond us
+UNREADABLE = (OSError, TarFormatError, CompressionError)
 
 
 # --- which shards, in which order, for whom -------------------------------------------------------
@@ -76,7 +79,7 @@ def shard_tuples(shard, keys, report):
             if plain is not None
             else [item for item in iter_buffer(data, shard) if not is_meta(item[0])]
         )
-    except (OSError, TarFormatError) as error:
+    except UNREADABLE as error:
         report(error, shard=shard)
         return iter(())
     return (
@@ -334,7 +337,7 @@ class ShardDataset(IterableDataset):
     def _count(self, shard):
         try:
             return count_shard_samples(shard)
-        except (OSError, TarFormatError):
+        except UNREADABLE:
             if self.errors == "raise":
                 raise
             return 0

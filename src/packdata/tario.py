@@ -14,6 +14,8 @@ import os
 import tarfile
 from dataclasses import dataclass, replace
 
+from .compression import compression_of
+
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
 USTAR_MAGIC = b"ustar\x00"  # POSIX ustar; GNU tar writes "ustar  \x00" and has no name prefix field
@@ -99,8 +101,7 @@ def parse_header(block, archive="<tar>", offset=0):
     if stored != computed:
         raise TarFormatError(
             f"{archive}: bad header checksum at offset {offset} (stored {stored}, computed "
-            f"{computed}): "
-            "not a tar archive, or corrupt at this point"
+            f"{computed}): {not_a_header(block, offset)}"
         )
     prefix = text_field(block[345:500]) if block[257:263] == USTAR_MAGIC else ""
     name = text_field(block[0:100])
@@ -122,6 +123,17 @@ def parse_header(block, archive="<tar>", offset=0):
         raise TarFormatError(
             f"{archive}: unreadable header of {name!r} at offset {offset}: {error}"
         ) from error
+
+
+def not_a_header(block, offset):
+    """What a block that fails its checksum most likely is, for the error message."""
+    compression = compression_of(block) if offset == 0 else None
+    if compression:
+        return (
+            f"the file is {compression}-compressed; shards stream compressed (ShardDataset, "
+            "shardread), but an index and random access need a plain tar: decompress it first"
+        )
+    return "not a tar archive, or corrupt at this point"
 
 
 def parse_pax(data, archive="<tar>", offset=0):

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .atomic import written_atomically
 from .imagefolder import load_manifest
 from .layout import expand_shards, local_targets
-from .shardread import read_shard
+from .shardread import fetch_shard
 from .shardwrite import write_shards
 
 
@@ -122,7 +122,7 @@ def upload_shards(
 
 def _download(url, target):
     with written_atomically(target) as file:
-        file.write(read_shard(url))
+        file.write(fetch_shard(url))  # as stored: a .tar.gz stays compressed
     return target
 
 
