@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 from .atomic import written_atomically
-from .tario import BLOCK, TarFormatError, iter_members
+from .tario import FileSpans, TarFormatError, iter_members
 
 INDEX_SUFFIX = ".idx.json"
 INDEX_FORMAT = ("packdata-tar-index", 1)
@@ -24,19 +24,22 @@ class StaleIndexError(ValueError):
 
 
 def index_members(fileobj, name=None):
-    """``{member name: (data offset, size)}`` of every regular file, in archive order. A name that
-    appears twice raises ``TarFormatError`` (an index can point at only one copy, and streaming
-    refuses it too)."""
-    members = {}
-    for header, offset in iter_members(fileobj, name):
-        if header.is_file:
-            if header.name in members:
-                archive = name or getattr(fileobj, "name", "<tar>")
-                raise TarFormatError(
-                    f"{archive}: duplicate member {header.name!r}, at offsets "
-                    f"{members[header.name][0] - BLOCK} and {header.offset}"
-                )
-            members[header.name] = (offset, header.size)
+    """``{member name: (data offset, size)}`` of every member that holds file bytes, in archive
+    order: regular files, and links (hard or symbolic) at the bytes of the file they name
+    (``tario.FileSpans``). A name that appears twice raises ``TarFormatError`` (an index can point
+    at only one copy, and streaming refuses it too)."""
+    archive = name or getattr(fileobj, "name", "<tar>")
+    members, offsets, files = {}, {}, FileSpans(archive)
+    for h, offset in iter_members(fileobj, name):
+        span = files.span(h.name, h.typeflag, h.linkname, h.offset, offset, h.size, h.sparse)
+        if span is None:
+            continue
+        if h.name in members:
+            raise TarFormatError(
+                f"{archive}: duplicate member {h.name!r}, at offsets {offsets[h.name]} and "
+                f"{h.offset}"
+            )
+        members[h.name], offsets[h.name] = span, h.offset
     return members
 
 

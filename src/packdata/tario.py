@@ -11,7 +11,9 @@ member index on ``iter_members``; ``tarscan`` reads a whole shard in memory with
 """
 
 import os
+import posixpath
 import tarfile
+import warnings
 from dataclasses import dataclass, replace
 
 from .compression import compression_of
@@ -20,6 +22,8 @@ BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
 USTAR_MAGIC = b"ustar\x00"  # POSIX ustar; GNU tar writes "ustar  \x00" and has no name prefix field
 REGULAR_TYPES = ("0", "\x00", "7")
+LINK_TYPES = ("1", "2")  # hard link, symbolic link: read as the earlier member they name
+SPARSE_TYPE = "S"  # a GNU sparse file (pax archives mark one with GNU.sparse.* records instead)
 PAX_TYPES = ("x", "X")  # extended header for the next member ("X": an old Solaris spelling)
 GNU_LONG_TYPES = {"L": "name", "K": "linkname"}  # GNU long name or link name for the next member
 EXTENSION_TYPES = (*PAX_TYPES, *GNU_LONG_TYPES)
@@ -56,6 +60,7 @@ class TarHeader:
     uname: str
     gname: str
     offset: int
+    sparse: bool = False  # GNU.sparse.* records in its pax header
 
     @property
     def data_offset(self):
@@ -162,6 +167,10 @@ def pax_overrides(header, data, archive):
     if header.typeflag in GNU_LONG_TYPES:
         return {GNU_LONG_TYPES[header.typeflag]: text_field(data)}
     records, overrides = parse_pax(data, archive, header.offset), {}
+    if any(key.startswith("GNU.sparse.") for key in records):
+        overrides["sparse"] = True
+        if "GNU.sparse.name" in records:  # formats 0.1 and 1.0 hide the real name there
+            overrides["name"] = records["GNU.sparse.name"]
     for key, (field, kind) in PAX_FIELDS.items():
         if key in records:
             try:
@@ -172,6 +181,49 @@ def pax_overrides(header, data, archive):
                     f"{header.offset}: {error}"
                 ) from None
     return overrides
+
+
+# --- which members hold file bytes ----------------------------------------------------------------
+
+
+class FileSpans:
+    """Where each member's file bytes are, as ``tarfile.extractfile`` reads them: a regular file's
+    are its own data; a hard or symbolic link's are those of the earlier member it names; a folder,
+    a device or a fifo has none. A sparse file is refused: its data on the tape is not its bytes.
+
+    Feed it the members in archive order; ``span`` answers ``(data offset, size)`` or None."""
+
+    def __init__(self, archive):
+        self.archive, self.spans = archive, {}
+
+    def span(self, name, typeflag, linkname, offset, start, size, sparse=False):
+        """``(start, size)`` of the member's file bytes, or None when it has none."""
+        where = f"{self.archive}: member {name!r} at offset {offset}"
+        if sparse or typeflag == SPARSE_TYPE:
+            raise TarFormatError(
+                f"{where} is a sparse file, which packdata does not read: write the archive "
+                "without --sparse, or unpack it and pack it again"
+            )
+        if typeflag in REGULAR_TYPES and not (typeflag == "\x00" and name.endswith("/")):
+            found = (start, size)
+        elif typeflag in LINK_TYPES:
+            found = self.spans.get(self.target(name, typeflag, linkname))
+            if found is None:
+                raise TarFormatError(
+                    f"{where} links to {linkname!r}, which is no earlier file of the archive"
+                )
+        else:
+            return None  # a folder (also a v7 one, named with a slash), a device, a fifo
+        self.spans[posixpath.normpath(name)] = found
+        return found
+
+    @staticmethod
+    def target(name, typeflag, linkname):
+        """The normalised name a link points at: a hard link's from the archive's root, a symbolic
+        link's from the link's own folder (as tarfile resolves them)."""
+        if typeflag == "2":
+            linkname = posixpath.join(posixpath.dirname(name), linkname)
+        return posixpath.normpath(linkname)
 
 
 # --- walking an archive ---------------------------------------------------------------------------
@@ -189,15 +241,32 @@ def negative_size_error(archive, member, size):
     )
 
 
-def _read_exactly(fileobj, count, archive, what):
+def missing_end_warning(archive, previous):
+    """The warning for a tar that ends right after a member, without its two zero blocks."""
+    warnings.warn(
+        f"{archive} ends after member {previous!r} without its end-of-archive blocks: read to "
+        "there, as tar reads it (was the file cut short at a member's end?)",
+        stacklevel=3,
+    )
+
+
+def _read_upto(fileobj, count):
+    """Up to ``count`` bytes: fewer only at the end of the file."""
     chunks, missing = [], count
     while missing:  # a pipe or a socket may return less than asked for before its end
         chunk = fileobj.read(min(missing, READ_LIMIT))
         if not chunk:
-            raise truncated_error(archive, what, count, count - missing)
+            break
         chunks.append(chunk)
         missing -= len(chunk)
     return b"".join(chunks)
+
+
+def _read_exactly(fileobj, count, archive, what):
+    data = _read_upto(fileobj, count)
+    if len(data) < count:
+        raise truncated_error(archive, what, count, len(data))
+    return data
 
 
 def iter_members(fileobj, name=None):
@@ -205,8 +274,9 @@ def iter_members(fileobj, name=None):
     applied, without reading any data when the file can seek. ``name`` (default: ``fileobj.name``)
     is the archive's name in errors.
 
-    Every member must have a size of at least zero and end inside the file, and the archive must end
-    with a zero block; otherwise ``TarFormatError`` names the archive and the member."""
+    Every member must have a size of at least zero and end inside the file; otherwise
+    ``TarFormatError`` names the archive and the member. An archive that ends right after a member,
+    without its zero blocks, is read to there with a warning, as tar reads it."""
     archive = name or getattr(fileobj, "name", "<tar>")
     seekable = fileobj.seekable()
     position = fileobj.tell() if seekable else 0
@@ -216,11 +286,14 @@ def iter_members(fileobj, name=None):
         if seekable:
             fileobj.seek(position)  # the caller may have moved the file while it held a member
         after = f"after member {previous!r}" if previous else "at its start"
-        header = parse_header(
-            _read_exactly(fileobj, BLOCK, archive, f"the header at offset {position} ({after})"),
-            archive,
-            position,
-        )
+        block = _read_upto(fileobj, BLOCK)
+        if not block and previous is not None and not overrides:
+            missing_end_warning(archive, previous)
+            return
+        if len(block) < BLOCK:
+            what = f"the header at offset {position} ({after})"
+            raise truncated_error(archive, what, BLOCK, len(block))
+        header = parse_header(block, archive, position)
         if header is None:
             return
         header = replace(header, **overrides)

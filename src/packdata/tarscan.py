@@ -13,11 +13,12 @@ from .tario import (
     GLOBAL_PAX_TYPE,
     GNU_LONG_TYPES,
     PAX_TYPES,
-    REGULAR_TYPES,
     USTAR_MAGIC,
     ZERO_BLOCK,
+    FileSpans,
     TarFormatError,
     TarHeader,
+    missing_end_warning,
     negative_size_error,
     number_field,
     parse_header,
@@ -26,9 +27,6 @@ from .tario import (
     truncated_error,
 )
 
-_REGULAR_FLAGS = {ord(flag) for flag in REGULAR_TYPES}
-_PAX_FLAGS = {ord(flag) for flag in PAX_TYPES}
-_GLOBAL_PAX_FLAG = ord(GLOBAL_PAX_TYPE)
 # bytes 256-263 of a header, read as one little-endian 64-bit word, hold the magic at 257-262
 _MAGIC_WORD = 256 // 8
 _MAGIC_MASK = np.uint64(0x00FFFFFFFFFFFF00)
@@ -110,16 +108,21 @@ def verify_checksums(data, positions, archive="<tar>"):
     """Check the header checksums at ``positions`` (multiples of 512) of the tar in ``data`` all at
     once; a mismatch raises ``TarFormatError`` naming the archive and the first bad header's offset.
     """
-    if not len(positions):
-        return
-    blocks = np.frombuffer(data, np.uint8, count=len(data) // BLOCK * BLOCK).reshape(-1, BLOCK)
-    bad = _bad_checksums(blocks[np.asarray(positions) // BLOCK])
-    if bad.size:
-        position = int(positions[bad[0]])
+    position = first_bad_checksum(data, positions)
+    if position is not None:
         # raises, with the stored and computed sums
         parse_header(data[position : position + BLOCK], archive, position)
         # a field parse_header accepts
         raise TarFormatError(f"{archive}: bad header checksum at offset {position}")
+
+
+def first_bad_checksum(data, positions):
+    """The first of ``positions`` whose header fails its checksum, or None."""
+    if not len(positions):
+        return None
+    blocks = np.frombuffer(data, np.uint8, count=len(data) // BLOCK * BLOCK).reshape(-1, BLOCK)
+    bad = _bad_checksums(blocks[np.asarray(positions) // BLOCK])
+    return int(positions[bad[0]]) if bad.size else None
 
 
 def scan_plain(data, archive="<tar>"):
@@ -168,61 +171,93 @@ def scan_plain(data, archive="<tar>"):
 
 
 def scan_buffer(data, archive="<tar>"):
-    """``[(member name, data offset, size)]`` of every regular file of the tar held whole in
-    ``data``, in order.
+    """``[(member name, data offset, size)]`` of every member of the tar held whole in ``data`` that
+    holds file bytes (regular files, and links at the bytes of the file they name), in order.
 
     The fast path for streaming a shard that was read whole: ``scan_plain`` when the layout allows,
     else a walk that decodes only the name, size and type of each header and applies pax (``x``) and
-    GNU long-name records; either way all checksums are verified in one vectorised pass. A member
-    that runs past the end, or a missing end-of-archive block, raises ``TarFormatError`` naming
-    ``archive``.
-    """
-    plain = scan_plain(data, archive)
+    GNU long-name records; either way all checksums are verified in one vectorised pass. Damage (a
+    bad header, a member that runs past the end) raises ``TarFormatError`` naming ``archive``."""
+    members, error = scan_readable(data, archive)
+    if error is not None:
+        raise error
+    return members
+
+
+def scan_readable(data, archive="<tar>"):
+    """``(members, error)``: what ``scan_buffer`` returns for the part of ``data`` before the first
+    damage, and the ``TarFormatError`` that describes the damage (None when there is none). For a
+    reader that keeps what it can read and reports the rest."""
+    try:
+        plain = scan_plain(data, archive)
+    except TarFormatError:
+        plain = None  # a bad checksum: the walk finds where, and keeps what comes before
     if plain is not None:
         names, starts, sizes = (column.tolist() for column in plain)
         return [
             (name.decode("utf-8", "surrogateescape"), *span)
             for name, *span in zip(names, starts, sizes)
-        ]
-    members, positions, overrides, position, end = [], [], {}, 0, len(data)
+        ], None
+    members, positions, error = [], [], None
+    try:
+        _walk(data, archive, members, positions)
+    except TarFormatError as caught:
+        error = caught
+    return _before_bad_checksum(data, archive, members, positions, error)
+
+
+def _walk(data, archive, members, positions):
+    """Walk the headers of ``data`` member by member, appending ``(name, start, size, header
+    position)`` of each member with file bytes to ``members`` and every header's position to
+    ``positions``."""
+    overrides, position, end, files = {}, 0, len(data), FileSpans(archive)
     while True:
         if position + BLOCK > end:
+            if position == end and members and not overrides:
+                missing_end_warning(archive, members[-1][0])
+                return
             after = f"after member {members[-1][0]!r}" if members else "at its start"
-            raise truncated_error(
-                archive, f"the header at offset {position} ({after})", BLOCK, end - position
-            )
+            what = f"the header at offset {position} ({after})"
+            raise truncated_error(archive, what, BLOCK, end - position)
         if data[position] == 0 and data[position : position + BLOCK] == ZERO_BLOCK:
-            break
+            return
         positions.append(position)
-        flag = data[position + 156]
-        size = overrides.get("size")
+        flag, size = chr(data[position + 156]), overrides.get("size")
         size = _size_of(data, position, archive) if size is None else size
         start = position + BLOCK
-        # a negative size would send the walk backwards, and round forever
-        if size < 0 or start + size > end:
-            member = (
-                f"member {overrides.get('name') or _name_of(data, position)!r} at offset {position}"
-            )
-            verify_checksums(data, positions, archive)
+        if size < 0 or start + size > end:  # a negative size would send the walk back, forever
+            member = f"member {overrides.get('name') or _name_of(data, position)!r} at offset "
             raise (
-                negative_size_error(archive, member, size)
+                negative_size_error(archive, f"{member}{position}", size)
                 if size < 0
-                else truncated_error(archive, member, size, end - start)
+                else truncated_error(archive, f"{member}{position}", size, end - start)
             )
-        if flag in _REGULAR_FLAGS:
-            members.append((overrides.get("name") or _name_of(data, position), start, size))
-            overrides = {}
-        elif flag in _PAX_FLAGS or chr(flag) in GNU_LONG_TYPES:
-            header = TarHeader(
-                _name_of(data, position), size, 0, 0, chr(flag), "", 0, 0, "", "", position
-            )
+        if flag in PAX_TYPES or flag in GNU_LONG_TYPES:
+            name = _name_of(data, position)
+            header = TarHeader(name, size, 0, 0, flag, "", 0, 0, "", "", position)
             overrides = {**overrides, **pax_overrides(header, data[start : start + size], archive)}
-        # a folder, a link, a device: it used up the extension records
-        elif flag != _GLOBAL_PAX_FLAG:
+        elif flag != GLOBAL_PAX_TYPE:
+            name = overrides.get("name") or _name_of(data, position)
+            link = overrides.get("linkname") or text_field(data[position + 157 : position + 257])
+            sparse = overrides.get("sparse", False)
+            span = files.span(name, flag, link, position, start, size, sparse)
+            if span is not None:
+                members.append((name, *span, position))
             overrides = {}
         position = start + size + -size % BLOCK
-    verify_checksums(data, positions, archive)
-    return members
+
+
+def _before_bad_checksum(data, archive, members, positions, error):
+    """The walked ``members`` whose header comes before the first bad checksum, and the error: that
+    checksum's, when there is one (it comes first in the archive), else the walk's own."""
+    bad = first_bad_checksum(data, positions)
+    if bad is not None:
+        members = [member for member in members if member[3] < bad]
+        try:
+            verify_checksums(data, [bad], archive)
+        except TarFormatError as caught:
+            error = caught
+    return [member[:3] for member in members], error
 
 
 def iter_buffer(data, archive="<tar>"):
