@@ -564,18 +564,18 @@ def test_bad_input_raises_an_error_naming_the_shard(bad_shards, case):
 
 
 @pytest.mark.parametrize(
-    "case, shards, samples",
+    "case, shards, damaged, samples",
     [
-        ("truncated", 1, 0),
-        ("missing label", 0, 1),
-        ("duplicate key", 0, 1),
-        ("duplicate member", 0, 1),
-        ("missing file", 1, 0),
-        ("not an image", 0, 1),
+        ("truncated", 0, 1, 0),
+        ("missing label", 0, 0, 1),
+        ("duplicate key", 0, 0, 1),
+        ("duplicate member", 0, 0, 1),
+        ("missing file", 1, 0, 0),
+        ("not an image", 0, 0, 1),
     ],
 )
 def test_skipping_counts_what_was_left_out_and_reports_it(
-    bad_shards, urls, all_keys, case, shards, samples
+    bad_shards, urls, all_keys, case, shards, damaged, samples
 ):
     shard = bad_shards[case][0]
     keys = ("__key__", "jpg", "cls") if case == "not an image" else ("__key__", "cls")
@@ -583,12 +583,42 @@ def test_skipping_counts_what_was_left_out_and_reports_it(
     with pytest.warns(UserWarning, match=f"skipped {shards} shard.* and {samples} sample"):
         keys = [item[0] for item in dataset]
     assert sorted(set(keys) - {"a", "b"}) == all_keys
-    assert (dataset.last_skips.shards, dataset.last_skips.samples) == (shards, samples)
+    skips = dataset.last_skips
+    assert (skips.shards, skips.damaged, skips.samples) == (shards, damaged, samples)
+
+
+def test_a_damaged_shard_gives_the_samples_before_the_damage(urls):
+    """With errors="skip", a shard cut short delivers its whole samples and reports the offset."""
+    whole = [key for key, _ in ShardDataset(urls[:1], keys=("__key__", "cls"), decode=False)]
+    data = Path(urls[0]).read_bytes()
+    for cut in (len(data) // 3, len(data) // 2, len(data) - 2000):
+        damaged = Path(urls[0]).with_name(f"cut-{cut}.tar")
+        damaged.write_bytes(data[:cut])
+        dataset = ShardDataset([str(damaged)], keys=("__key__", "cls"), decode=False, errors="skip")
+        with pytest.warns(UserWarning, match=r"is truncated: .* at offset \d+"):
+            keys = [key for key, _ in dataset]
+        assert keys == whole[: len(keys)] and 0 < len(keys) < len(whole)
+        skips = dataset.last_skips
+        assert f"({len(keys)} whole sample(s) of it were read before)" in skips.reasons[-1]
+
+
+def test_a_corrupt_header_mid_shard_keeps_the_samples_before_it(urls):
+    whole = [key for key, _ in ShardDataset(urls[:1], keys=("__key__", "cls"), decode=False)]
+    data = bytearray(Path(urls[0]).read_bytes())
+    offset = tarscan.scan_buffer(bytes(data))[2][1]  # the second sample's first member
+    data[offset - 512] ^= 0xFF  # its header
+    corrupt = Path(urls[0]).with_name("corrupt-header.tar")
+    corrupt.write_bytes(bytes(data))
+    dataset = ShardDataset([str(corrupt)], keys=("__key__", "cls"), decode=False, errors="skip")
+    with pytest.warns(UserWarning, match=f"bad header checksum at offset {offset - 512}"):
+        assert [key for key, _ in dataset] == whole[:1]
+    with pytest.raises(tario.TarFormatError, match=f"bad header checksum at offset {offset - 512}"):
+        list(ShardDataset([str(corrupt)], keys=("__key__", "cls"), decode=False))
 
 
 def test_len_and_list_count_an_unreadable_shard_as_empty_when_skipping(bad_shards, urls, all_keys):
     dataset = ShardDataset(
-        [*urls, bad_shards["truncated"][0]], keys=("__key__", "cls"), decode=False, errors="skip"
+        [*urls, bad_shards["missing file"][0]], keys=("__key__", "cls"), decode=False, errors="skip"
     )
     assert len(dataset) == len(all_keys)
     with pytest.warns(UserWarning, match="skipped 1 shard"):

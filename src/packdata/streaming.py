@@ -32,7 +32,7 @@ from .layout import ShardError, expand_shards, group_samples, is_meta, raise_now
 from .plaingroup import plain_tuples
 from .shardread import count_shard_samples, read_shard
 from .tario import TarFormatError
-from .tarscan import iter_buffer
+from .tarscan import scan_readable
 
 ERROR_MODES = ("raise", "skip")
 # how a shard that cannot be read at all fails: missing, HTTP error, not a tar, compressed beyond us
@@ -68,25 +68,37 @@ def read_tuples(shards, keys, report):
 
 
 def shard_tuples(shard, keys, report):
-    """An iterator over the ``keys`` tuples of one shard's samples. A shard that cannot be read
-    (missing, truncated, not a tar, HTTP error) goes to ``report`` as one problem with the shard,
-    and yields nothing."""
+    """An iterator over the ``keys`` tuples of one shard's samples. A shard that cannot be read at
+    all (missing, not a tar, HTTP error) goes to ``report`` as one problem with the shard, and
+    yields nothing; a shard damaged part-way (cut short, a corrupt header) yields the samples before
+    the damage, then goes to ``report`` as a ``DamagedShard``."""
     try:
         data = read_shard(shard)
-        plain = plain_tuples(data, shard, keys)
-        members = (
-            None
-            if plain is not None
-            else [item for item in iter_buffer(data, shard) if not is_meta(item[0])]
-        )
     except UNREADABLE as error:
         report(error, shard=shard)
         return iter(())
-    return (
-        plain
-        if plain is not None
-        else to_tuple(group_samples(members, shard, report), keys, report)
-    )
+    try:
+        plain = plain_tuples(data, shard, keys)
+    except TarFormatError:
+        plain = None  # a bad header: the general walk finds where, and keeps what comes before
+    if plain is not None:
+        return plain
+    members, damage = scan_readable(data, shard)
+    named = [(name, data[s : s + n]) for name, s, n in members if not is_meta(name)]
+    samples = to_tuple(group_samples(named, shard, report), keys, report)
+    return samples if damage is None else _then_damage(samples, damage, shard, report)
+
+
+class DamagedShard(TarFormatError):
+    """A shard damaged part-way: the samples before the damage were read, the rest cannot be."""
+
+
+def _then_damage(samples, damage, shard, report):
+    """Yield ``samples``, then report ``damage``, saying how many whole samples came before it."""
+    count = 0
+    for count, sample in enumerate(samples, 1):  # noqa: B007 (the count is the point)
+        yield sample
+    report(DamagedShard(f"{damage} ({count} whole sample(s) of it were read before)"), shard=shard)
 
 
 def to_tuple(samples, keys, report):
@@ -173,24 +185,28 @@ class Skips:
     """What one worker skipped in one epoch, when skipping was asked for."""
 
     def __init__(self, where):
-        self.where, self.shards, self.samples, self.reasons = where, 0, 0, []
+        self.where, self.reasons = where, []
+        self.shards = self.damaged = self.samples = 0
 
     def __call__(self, error, shard=None):
-        if shard is not None:
+        if isinstance(error, DamagedShard):
+            self.damaged += 1
+        elif shard is not None:
             self.shards += 1
         else:
             self.samples += 1
         self.reasons.append(str(error))
 
     def __bool__(self):
-        return bool(self.shards or self.samples)
+        return bool(self.shards or self.damaged or self.samples)
 
     def summary(self):
         more = len(self.reasons) - 3
         examples = "; ".join(self.reasons[:3]) + (f"; and {more} more" if more > 0 else "")
+        damaged = f", the rest of {self.damaged} damaged shard(s)," if self.damaged else ""
         return (
-            f"{self.where} skipped {self.shards} shard(s) and {self.samples} sample(s) this epoch: "
-            f"{examples}"
+            f"{self.where} skipped {self.shards} shard(s){damaged} and {self.samples} sample(s) "
+            f"this epoch: {examples}"
         )
 
 

@@ -287,7 +287,12 @@ def iter_members(fileobj, name=None):
             fileobj.seek(position)  # the caller may have moved the file while it held a member
         after = f"after member {previous!r}" if previous else "at its start"
         block = _read_upto(fileobj, BLOCK)
-        if not block and previous is not None and not overrides:
+        if (
+            not block
+            and previous is not None
+            and not overrides
+            and (end is None or position == end)
+        ):
             missing_end_warning(archive, previous)
             return
         if len(block) < BLOCK:

@@ -218,7 +218,7 @@ def _walk(data, archive, members, positions):
                 return
             after = f"after member {members[-1][0]!r}" if members else "at its start"
             what = f"the header at offset {position} ({after})"
-            raise truncated_error(archive, what, BLOCK, end - position)
+            raise truncated_error(archive, what, BLOCK, max(end - position, 0))
         if data[position] == 0 and data[position : position + BLOCK] == ZERO_BLOCK:
             return
         positions.append(position)
