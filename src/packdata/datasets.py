@@ -13,9 +13,10 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from .fields import image_field
 from .httpclient import FileChangedError, HttpClient, HttpRangeFile, file_etag, is_url
 from .imagefolder import load_manifest, samples_from_folders, samples_from_manifest
-from .images import IMAGE_FIELDS, check_decoder, decode_image
+from .images import check_decoder, decode_image
 from .layout import split_member
 from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest
 from .perprocess import PerProcessHandle
@@ -117,14 +118,20 @@ def labels_by_key(manifest):
 
 
 def rows_from_members(archive, sizes, labels, labels_from):
-    """Rows ``(member, label, bytes)`` of every sample member (an ``IMAGE_FIELDS`` extension) in
-    name order, given ``sizes`` (member → bytes) and ``labels`` (key → label); a sample without a
-    label raises ``LookupError``."""
-    rows = []
+    """One row ``(image member, label, bytes)`` per sample with an image (``fields.image_field``),
+    in name order, given ``sizes`` (member → bytes) and ``labels`` (key → label); a sample without
+    a label raises ``LookupError``. Other members of a sample (``.json``, a ``.npy`` feature) are
+    not rows of their own."""
+    samples = {}
     for name, size in sorted(sizes.items()):
         key, extension = split_member(name)
-        if extension.lower() not in IMAGE_FIELDS:
+        samples.setdefault(key, {})[extension] = (name, size)
+    rows = []
+    for key, members in samples.items():
+        image = image_field(list(members))
+        if image is None:
             continue
+        name, size = members[image]
         if key not in labels:
             raise LookupError(
                 f"{member_of(archive, name)} has no label: nothing for key {key!r} in {labels_from}"

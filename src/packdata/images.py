@@ -99,11 +99,21 @@ def decode_image(data, decoder="pil"):
     )
 
 
+def is_pixels(array):
+    """True for an array that holds an RGB image as ``payload="raw"`` stores it: ``uint8`` HWC."""
+    return array.dtype == np.uint8 and array.ndim == 3 and array.shape[2] == 3
+
+
+def pixels_as_tensor(array):
+    """A ``uint8`` (H, W, 3) array as a (3, H, W) tensor."""
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
 def decode_array(data):
     """A ``uint8`` (H, W, 3) array in ``.npy`` bytes as a (3, H, W) tensor."""
     array = np.load(io.BytesIO(data), allow_pickle=False)
-    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+    if not is_pixels(array):
         raise ValueError(
             f"expected a uint8 array of shape (H, W, 3), got {array.dtype} of shape {array.shape}"
         )
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+    return pixels_as_tensor(array)

@@ -16,8 +16,9 @@ from itertools import islice
 from pathlib import Path
 
 from .compression import decompressed
+from .fields import image_field
 from .httpclient import HttpClient, is_url
-from .images import IMAGE_FIELDS, decode_image
+from .images import decode_image
 from .layout import expand_shards, group_samples, is_meta, members_of, raise_now, split_member
 from .tarscan import scan_buffer
 
@@ -116,7 +117,7 @@ def show_shard(shard, count=8, ax_size=1.2):
         1, len(samples), figsize=(len(samples) * ax_size, ax_size * 1.3), squeeze=False
     )
     for ax, sample in zip(axes[0], samples):
-        image = next(value for key, value in sample.items() if key in IMAGE_FIELDS)
+        image = sample[image_field(list(sample))]
         ax.imshow(decode_image(image).permute(1, 2, 0).numpy())
         ax.set_title(f"{sample['__key__']}\nlabel {sample.get('cls', b'?').decode()}", fontsize=8)
         ax.axis("off")

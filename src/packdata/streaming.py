@@ -27,7 +27,8 @@ import torch
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from .compression import CompressionError
-from .images import IMAGE_FIELDS, check_decoder, decode_image
+from .fields import decode_field, image_field
+from .images import IMAGE_FIELDS, check_decoder
 from .layout import ShardError, expand_shards, group_samples, is_meta, raise_now
 from .plaingroup import plain_tuples
 from .shardread import count_shard_samples, read_shard
@@ -135,24 +136,19 @@ def shuffle_buffer(samples, size, rng):
     yield from buffer
 
 
-def decode_field(value, key, decoder="pil"):
-    """A member's bytes as the training loop wants it: images as ``uint8`` CHW tensors, ``cls`` as
-    an int."""
-    if key in IMAGE_FIELDS:
-        return decode_image(value, decoder)
-    if key == "cls":
-        return int(value)
-    return value
-
-
 def decode(items, keys, transform, decoder, report):
-    """Decode each tuple field by its key; ``transform`` applies to the first image field. Items
-    arrive as ``(shard, sample key, *fields)`` and leave as the decoded fields, so that a sample
-    that cannot be decoded is named."""
-    image = next((index for index, key in enumerate(keys) if key in IMAGE_FIELDS), None)
+    """Decode each tuple field by its key (``fields.decode_field``); ``transform`` applies to the
+    image field. Items arrive as ``(shard, sample key, *fields)`` and leave as the decoded fields,
+    so that a sample that cannot be decoded is named."""
+    image_key = image_field(keys)
+    image = keys.index(image_key) if image_key is not None else None
+    kinds = [(key, index == image) for index, key in enumerate(keys)]
     for shard, sample_key, *item in items:
         try:
-            fields = [decode_field(value, key, decoder) for value, key in zip(item, keys)]
+            fields = [
+                decode_field(value, key, is_image, decoder)
+                for value, (key, is_image) in zip(item, kinds)
+            ]
         except (OSError, ValueError, RuntimeError) as error:
             report(ShardError(f"{shard}: cannot decode sample {sample_key!r}: {error}"))
             continue
@@ -277,7 +273,7 @@ class ShardDataset(IterableDataset):
                 f"rank must be in 0..world_size-1, got rank {self.rank} of {self.world_size}"
             )
         check_decoder(decoder)
-        if transform is not None and not (decode and any(key in IMAGE_FIELDS for key in keys)):
+        if transform is not None and not (decode and image_field(keys) is not None):
             raise ValueError(
                 f"transform applies to a decoded image, and keys={tuple(keys)} with "
                 f"decode={decode} "
