@@ -156,6 +156,14 @@ class FileHandler(BaseHTTPRequestHandler):
         """``(content type, bytes)`` of an error answer."""
         return "text/plain; charset=utf-8", message.encode()
 
+    def send_error(self, code, message=None, explain=None):
+        """The standard library's errors (a malformed request line, a method with no handler) as
+        this server's own: the same body format, and 405 rather than 501 for a method we lack."""
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command!r} is not allowed"
+        self.close_connection = True
+        self.refuse(code, message or HTTPStatus(code).phrase, {"Connection": "close"})
+
     def refuse(self, status, message, headers=None):
         content_type, body = self.error_body(message)
         self.send_response(status)
@@ -320,9 +328,17 @@ class _Handler(FileHandler):
             return self.refuse(
                 HTTPStatus.FORBIDDEN, f"refused: {self.path} names nothing inside the served folder"
             )
-        if not path.is_file():
+        if not is_file(path):
             return self.refuse(HTTPStatus.NOT_FOUND, f"not found: {self.path}")
         self.send_file(path, send_body)
+
+
+def is_file(path):
+    """``path.is_file()``, False also where the name is too long for the filesystem."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 class NetworkStore(ServedFolder):

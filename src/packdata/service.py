@@ -36,10 +36,11 @@ from pathlib import Path
 
 from .atomic import written_atomically
 from .httpclient import HttpClient
-from .netstore import CHUNK, FileHandler, ServedFolder, bandwidth_delay
+from .netstore import CHUNK, FileHandler, ServedFolder, bandwidth_delay, is_file
 
 # one path component, never hidden, never "." or ".."
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
+LENGTH = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit also takes "²" and "٣"
 MAX_UPLOAD = 1 << 30  # 1 GiB: the default largest upload a DatasetService accepts
 
 
@@ -120,10 +121,17 @@ class _ServiceHandler(FileHandler):
         return names
 
     def dataset_folder(self, name):
-        folder = self.server.served.root / name
+        folder = self.inside_root(self.server.served.root / name)
         if not folder.is_dir():
             raise _Refused(HTTPStatus.NOT_FOUND, f"no dataset named {name!r}")
         return folder
+
+    def inside_root(self, path):
+        """``path``, unless a symbolic link takes it outside the served root: then a 403."""
+        root = self.server.served.root
+        if not path.resolve().is_relative_to(root):
+            raise _Refused(HTTPStatus.FORBIDDEN, f"refused: {path.name!r} leads outside the store")
+        return path
 
     def send_json(self, status, document, headers=None):
         body = json.dumps(document).encode()
@@ -149,8 +157,8 @@ class _ServiceHandler(FileHandler):
         folder = self.dataset_folder(names[0])
         if len(names) == 1:
             return self.send_json(HTTPStatus.OK, {"name": names[0], "files": list_files(folder)})
-        path = folder / names[1]
-        if not path.is_file():
+        path = self.inside_root(folder / names[1])
+        if not is_file(path):
             raise _Refused(HTTPStatus.NOT_FOUND, f"no file {names[1]!r} in dataset {names[0]!r}")
         self.send_file(path, send_body)
 
@@ -193,12 +201,21 @@ class _ServiceHandler(FileHandler):
                 "send a Content-Length; chunked bodies are not accepted",
                 True,
             )
-        value = self.headers.get("Content-Length")
-        if value is None or not value.isdigit():
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            raise _Refused(HTTPStatus.LENGTH_REQUIRED, "a Content-Length header is required")
+        if len(values) > 1:
             raise _Refused(
-                HTTPStatus.LENGTH_REQUIRED,
-                "a Content-Length header is required",
-                close=value is not None,
+                HTTPStatus.BAD_REQUEST,
+                f"{len(values)} Content-Length headers: send one",
+                close=True,
+            )
+        value = values[0].strip()
+        if not LENGTH.fullmatch(value):
+            raise _Refused(
+                HTTPStatus.BAD_REQUEST,
+                f"Content-Length {value[:40]!r} is not a number of bytes (ASCII digits)",
+                close=True,
             )
         if int(value) > limit:
             raise _Refused(
@@ -215,7 +232,7 @@ class _ServiceHandler(FileHandler):
         folder = self.dataset_folder(names[0])
         length = self.declared_length(service.max_upload)
         target = folder / names[1]
-        existed = target.is_file()
+        existed = is_file(target)
         try:
             # a hidden temporary name until every byte arrived
             with written_atomically(target) as file:
