@@ -7,12 +7,16 @@ import json
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from torchvision.transforms import v2
 
 from packdata.datasets import IndexedTarDataset
 from packdata.fields import image_field
+from packdata.layout import ShardError
 from packdata.packing import pack_tar
 from packdata.shardwrite import write_tar
 from packdata.streaming import ShardDataset
+from packdata.train import SmallCNN
 
 KEYS = ("jpg", "cls", "json", "txt", "npy")
 
@@ -93,3 +97,22 @@ def test_raw_pixels_are_the_image_and_a_feature_is_not(tiny_dataset, tmp_path, r
     assert image.dtype == torch.uint8 and image.shape[0] == 3  # decoded pixels, as CHW
     label, feature = next(iter(ShardDataset([rich_shard[0]], keys=("cls", "npy"))))
     assert isinstance(feature, np.ndarray) and feature.dtype == np.float32
+
+
+def test_images_of_another_size_are_named_before_a_batch_breaks(tiny_dataset, tmp_path):
+    small = next(tiny_dataset.glob("*/*.jpg")).read_bytes()
+    buffer = io.BytesIO()
+    Image.new("RGB", (300, 200), "red").save(buffer, format="JPEG")
+    samples = [("a", {"jpg": small, "cls": b"0"}), ("b", {"jpg": buffer.getvalue(), "cls": b"1"})]
+    shard = str(write_tar(tmp_path / "mixed.tar", samples).path)
+    message = r"mixed\.tar: sample 'b' has an image of shape \(3, 200, 300\), sample 'a' one of"
+    with pytest.raises(ShardError, match=message + r".*resize them"):
+        list(ShardDataset([shard], batch_size=2, shuffle=False))
+    resized = ShardDataset([shard], batch_size=2, transform=v2.Resize((32, 32)), shuffle=False)
+    assert next(iter(resized))[0].shape == (2, 3, 32, 32)
+
+
+@pytest.mark.parametrize("height, width", [(8, 8), (9, 13), (64, 64), (300, 451)])
+def test_the_small_cnn_takes_any_size_of_image(height, width):
+    model = SmallCNN(num_classes=10).eval()
+    assert model(torch.zeros(2, 3, height, width, dtype=torch.uint8)).shape == (2, 10)

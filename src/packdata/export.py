@@ -10,12 +10,14 @@ and a manifest with every sample's SHA-256, so every lesson and tool of the cour
 
 import io
 import os
+import warnings
+from collections import Counter
 from pathlib import Path
 
 from PIL import Image
 
 from .imagefolder import write_dataset
-from .images import encode_jpeg
+from .images import ORIENTATION, as_rgb, encode_jpeg
 from .samples import DatasetSamples
 
 
@@ -32,14 +34,28 @@ def _folder_names(classes):
     return [f"{label:0{width}d}-{name}" for label, name in enumerate(names)]
 
 
-def _jpeg_bytes(path):
-    """The file's bytes if it is a JPEG already, else the image re-encoded as one."""
+def _jpeg_bytes(path, changes):
+    """The file's bytes if it is a JPEG that every decoder reads as it looks (RGB or grey, upright),
+    else the image made RGB (``images.as_rgb``) and encoded as a JPEG; what changed is counted in
+    ``changes``."""
     data = path.read_bytes()
     try:
         with Image.open(io.BytesIO(data)) as image:
-            return data if image.format == "JPEG" else encode_jpeg(image.convert("RGB"))
+            upright = image.getexif().get(ORIENTATION, 1) == 1
+            if image.format == "JPEG" and image.mode in ("RGB", "L") and upright:
+                return data
+            rgb, change = as_rgb(image)
+            changes[change or f"{image.format} re-encoded as JPEG"] += 1
+            return encode_jpeg(rgb)
     except OSError as err:  # unidentified or truncated
         raise ValueError(f"{path} is not an image that PIL can read: {err}") from err
+
+
+def report_changes(source, changes):
+    """Say, in one warning, what had to change in which share of the images of ``source``."""
+    if changes:
+        said = ", ".join(f"{count} {change}" for change, count in changes.most_common())
+        warnings.warn(f"exporting {source}: {said}", stacklevel=3)
 
 
 def export_image_folder(source, target, progress=True):
@@ -61,8 +77,11 @@ def export_image_folder(source, target, progress=True):
         raise ValueError(
             f"{source} has no images in class folders (expected {source}/<class>/<image>)"
         )
-    samples = ((label, _jpeg_bytes(path)) for label, path in files)
-    return write_dataset(target, classes, samples, len(files), progress, "image-folder")
+    changes = Counter()
+    samples = ((label, _jpeg_bytes(path, changes)) for label, path in files)
+    root = write_dataset(target, classes, samples, len(files), progress, "image-folder")
+    report_changes(source, changes)
+    return root
 
 
 def export_torchvision(dataset, target, classes=None, progress=True):

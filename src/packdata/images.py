@@ -10,7 +10,7 @@ import io
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 JPEG_QUALITY = 90
 DECODERS = ("pil", "torchvision")
@@ -37,10 +37,37 @@ def encode_jpeg(image):
     return buffer.getvalue()
 
 
+ORIENTATION = 0x0112  # the EXIF tag that says how a camera held the picture
+WIDE_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")  # integer pixels wider than a byte
+ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
+
+
+def as_rgb(image):
+    """``(an 8-bit RGB image, what had to change or None)`` for a PIL image of any mode: the EXIF
+    orientation applied, 16-bit values scaled (not clipped) to 8 bits, transparency flattened onto
+    white, CMYK, palette and grey converted. An RGB image that needs none of it comes back as is."""
+    changes = []
+    if image.getexif().get(ORIENTATION, 1) != 1:
+        image, changes = ImageOps.exif_transpose(image), ["turned upright by its EXIF orientation"]
+    if image.mode in WIDE_MODES:
+        array = np.asarray(image, dtype=np.float64)
+        image = Image.fromarray(np.round(array * 255 / 65535).clip(0, 255).astype(np.uint8))
+        image = image.convert("RGB")
+        changes.append("16-bit, scaled to 8 bits")
+    if image.mode in ALPHA_MODES or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba).convert("RGB")
+        changes.append("transparency flattened onto white")
+    if image.mode != "RGB":
+        changes.append(f"{image.mode} converted to RGB")
+        image = image.convert("RGB")
+    return image, "; ".join(changes) or None
+
+
 def as_pil(image, index):
     """A PIL image or a uint8 CHW tensor/array as an RGB PIL image."""
     if isinstance(image, Image.Image):
-        return image.convert("RGB")
+        return as_rgb(image)[0]
     array = np.asarray(image)
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[0] not in (1, 3):
         raise ValueError(

@@ -136,11 +136,12 @@ def shuffle_buffer(samples, size, rng):
     yield from buffer
 
 
-def decode(items, keys, transform, decoder, report):
+def decode(items, keys, transform, decoder, report, same_size=False):
     """Decode each tuple field by its key (``fields.decode_field``); ``transform`` applies to the
     image field. Items arrive as ``(shard, sample key, *fields)`` and leave as the decoded fields,
-    so that a sample that cannot be decoded is named."""
-    image_key = image_field(keys)
+    so that a sample that cannot be decoded is named. With ``same_size`` (batching here), an image
+    of another size than the first is reported, naming both samples."""
+    image_key, first = image_field(keys), None
     image = keys.index(image_key) if image_key is not None else None
     kinds = [(key, index == image) for index, key in enumerate(keys)]
     for shard, sample_key, *item in items:
@@ -154,7 +155,22 @@ def decode(items, keys, transform, decoder, report):
             continue
         if transform is not None:
             fields[image] = transform(fields[image])
+        if same_size and image is not None:
+            shape = tuple(fields[image].shape)
+            first = first or (shape, sample_key)
+            if shape != first[0]:
+                report(ShardError(different_size(shard, sample_key, shape, first)))
+                continue
         yield tuple(fields)
+
+
+def different_size(shard, sample_key, shape, first):
+    """Why a sample cannot join a batch: its image's size, the first one's, and how to fix it."""
+    return (
+        f"{shard}: sample {sample_key!r} has an image of shape {shape}, sample {first[1]!r} one of "
+        f"{first[0]}: a batch stacks images of one size; resize them, in transform= (for example "
+        "torchvision's v2.Resize or v2.RandomResizedCrop) or once when writing (resize=)"
+    )
 
 
 def batched(items, batch_size, collate=default_collate):
@@ -395,7 +411,8 @@ class ShardDataset(IterableDataset):
                 samples, self.buffer_size, random.Random(f"buffer:{self.seed}:{self.epoch}:{where}")
             )
         if self.decode:
-            samples = decode(samples, self.keys, self.transform, self.decoder, report)
+            batching = bool(self.batch_size)
+            samples = decode(samples, self.keys, self.transform, self.decoder, report, batching)
         if self.batch_size:
             samples = batched(samples, self.batch_size)
         return samples if report is raise_now else self.reporting(samples, report)

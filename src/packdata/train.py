@@ -17,8 +17,8 @@ from torch import nn
 
 
 class SmallCNN(nn.Module):
-    """Four 3×3 convolutions with BatchNorm, each halving the image, then global average pooling and
-    a linear layer.
+    """Four 3×3 convolutions with BatchNorm, each halving the image (rounding up, so any size of
+    image works), then global average pooling and a linear layer.
 
     Takes ``uint8`` images (N, 3, H, W) as they come from the loader and scales them to 0..1 itself;
     BatchNorm then keeps every layer's inputs well scaled, which is what lets it learn in a few
@@ -36,7 +36,7 @@ class SmallCNN(nn.Module):
                     nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
                     nn.BatchNorm2d(c_out),
                     nn.ReLU(inplace=True),
-                    nn.MaxPool2d(2),
+                    nn.MaxPool2d(2, ceil_mode=True),  # an odd or tiny side still halves
                 )
             )
         )

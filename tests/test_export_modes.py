@@ -1,0 +1,77 @@
+"""Bring-your-own images in every mode Pillow opens come out as the picture a viewer shows: upright,
+8-bit RGB, 16-bit values scaled rather than clipped, transparency on white; and the export says
+what it changed."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from packdata.export import export_image_folder
+from packdata.imagefolder import load_manifest
+from packdata.images import as_rgb, decode_image
+
+
+def save(image, path, **options):
+    image.save(path, **options)
+    return path
+
+
+@pytest.fixture
+def odd_images(tmp_path):
+    """One image per awkward mode, in class folders."""
+    folder = tmp_path / "photos" / "things"
+    folder.mkdir(parents=True)
+    ramp = np.linspace(0, 65535, 64 * 16).reshape(16, 64).astype(np.uint16)
+    save(Image.fromarray(ramp), folder / "a_16bit.png")
+    save(Image.new("CMYK", (8, 8), (0, 255, 255, 0)), folder / "b_cmyk.jpg")  # red, in CMYK
+    palette = Image.new("P", (8, 8), 1)
+    palette.putpalette([0, 0, 0, 255, 0, 0] + [0] * 762)
+    save(palette, folder / "c_palette.png", transparency=1)  # every pixel transparent
+    save(Image.new("LA", (8, 8), (0, 0)), folder / "d_grey_alpha.png")  # black, fully transparent
+    exif = Image.Exif()
+    exif[0x0112] = 6  # the camera was turned: the picture is stored sideways
+    save(Image.new("RGB", (40, 20), "blue"), folder / "e_rotated.jpg", exif=exif)
+    save(Image.new("RGB", (8, 8), "green"), folder / "f_plain.jpg")
+    return tmp_path / "photos"
+
+
+def test_every_mode_is_exported_as_it_looks(odd_images, tmp_path):
+    with pytest.warns(UserWarning, match=r"exporting .*photos: .*16-bit, scaled to 8 bits") as said:
+        root = export_image_folder(odd_images, tmp_path / "out", progress=False)
+    message = str(said[0].message)
+    for change in ("turned upright", "transparency flattened onto white", "CMYK converted"):
+        assert change in message
+    images = {
+        sample["path"].split("/")[-1]: decode_image((root / sample["path"]).read_bytes())
+        for sample in load_manifest(root)["samples"]
+    }
+    ramp = images["000000.jpg"][0].float()
+    assert ramp[0, 0] < 4 and ramp[-1, -1] > 250 and ramp.mean() == pytest.approx(128, abs=6)
+    assert images["000001.jpg"][:, 4, 4].tolist()[0] > 200  # red stays red
+    assert images["000002.jpg"].float().mean() > 250  # transparent: white
+    assert images["000003.jpg"].float().mean() > 250
+    assert images["000004.jpg"].shape[1:] == (40, 20)  # upright: taller than wide
+    assert images["000005.jpg"].shape[1:] == (8, 8)
+
+
+def test_a_plain_jpeg_is_copied_bit_for_bit(tmp_path):
+    folder = tmp_path / "src" / "c"
+    folder.mkdir(parents=True)
+    original = save(Image.new("RGB", (8, 8), "green"), folder / "x.jpg").read_bytes()
+    root = export_image_folder(tmp_path / "src", tmp_path / "out", progress=False)
+    assert (root / load_manifest(root)["samples"][0]["path"]).read_bytes() == original
+
+
+def test_as_rgb_leaves_an_rgb_image_alone():
+    image = Image.new("RGB", (4, 4), "red")
+    converted, change = as_rgb(image)
+    assert change is None and converted.tobytes() == image.tobytes()
+    assert as_rgb(Image.open(io.BytesIO(_png16())))[1] == "16-bit, scaled to 8 bits"
+
+
+def _png16():
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((2, 2), 40000, np.uint16)).save(buffer, format="PNG")
+    return buffer.getvalue()
