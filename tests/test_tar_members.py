@@ -56,7 +56,7 @@ def archives(draw):
         if any(path == f or path.startswith(f + "/") or f.startswith(path + "/") for f in seen):
             continue
         seen.add(path)
-        kinds = ["file", "file", "file", "dir", "fifo", *(["hard", "sym"] if files else [])]
+        kinds = ["file", "file", "file", "dir", "fifo", "chr", *(["hard", "sym"] if files else [])]
         kind = draw(st.sampled_from(kinds)) if members else "file"
         if kind in ("hard", "sym"):
             members.append((kind, path, draw(st.sampled_from(files))))
@@ -66,7 +66,12 @@ def archives(draw):
     return name, members, name == "pax" and draw(st.booleans())
 
 
-TYPES = {"dir": tarfile.DIRTYPE, "fifo": tarfile.FIFOTYPE, "hard": tarfile.LNKTYPE}
+TYPES = {
+    "dir": tarfile.DIRTYPE,
+    "fifo": tarfile.FIFOTYPE,
+    "chr": tarfile.CHRTYPE,
+    "hard": tarfile.LNKTYPE,
+}
 
 
 def write(tar_format, members, global_header):
