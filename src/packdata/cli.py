@@ -1,6 +1,10 @@
-"""The ``packdata`` command line: one verb per job, each a thin wrapper over a module function."""
+"""The ``packdata`` command line: one verb per job, each a thin wrapper over a module function.
+
+The data verbs need only the library; the course verbs (exercises, schedule, lab-settings, slides)
+need the course tools, ``pip install 'packdata[course]'``, and say so when they are missing."""
 
 import argparse
+import importlib
 import sys
 from itertools import islice
 from pathlib import Path
@@ -20,9 +24,23 @@ def _export(args):
     print(root)
 
 
-def _exercises(args):
-    from .course import exercises
+class CourseToolsMissing(RuntimeError):
+    """A course verb run where only the library is installed."""
 
+
+def course_module(name):
+    """``packdata.course.<name>``, or ``CourseToolsMissing`` saying what to install."""
+    try:
+        return importlib.import_module(f"packdata.course.{name}")
+    except ModuleNotFoundError as missing:
+        raise CourseToolsMissing(
+            f"needs {missing.name!r}, one of the course tools: pip install 'packdata[course]' "
+            "(in the course's repository, make setup installs them)"
+        ) from None
+
+
+def _exercises(args):
+    exercises = course_module("exercises")
     if args.check:
         drifted = exercises.check_exercises(args.solutions, args.exercises)
         for path in drifted:
@@ -33,22 +51,16 @@ def _exercises(args):
 
 
 def _slides(args):
-    from .course import slides
-
-    for deck in slides.build_slides(args.notebooks, args.out, execute=args.execute):
+    for deck in course_module("slides").build_slides(args.notebooks, args.out, args.execute):
         print(deck)
 
 
 def _lab_settings(args):
-    from .course import hub
-
-    print(hub.write_lab_settings(args.prefix))
+    print(course_module("hub").write_lab_settings(args.prefix))
 
 
 def _schedule(args):
-    from .course import schedule
-
-    print(schedule.make_schedule(".", args.guide))
+    print(course_module("schedule").make_schedule(".", args.guide))
 
 
 def _shards(args):
@@ -92,73 +104,61 @@ def _serve(args):
     )
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(prog="packdata", description=__doc__)
-    verbs = parser.add_subparsers(dest="verb", required=True)
-
+def add_make_data(verbs):
     p = verbs.add_parser("make-data", help="generate the synthetic image dataset")
-    p.add_argument(
-        "--root", type=Path, default=None, help="target folder (default: data/synthetic-SIZE)"
-    )
+    p.add_argument("--root", type=Path, help="target folder (default: data/synthetic-SIZE)")
     p.add_argument(
         "--size",
-        default=None,
         help="'small', 'workshop' or a number of images (default: $PACKDATA_SIZE or workshop)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--force", action="store_true", help="regenerate even if a matching dataset exists"
-    )
+    p.add_argument("--force", action="store_true", help="regenerate even if it exists")
     p.set_defaults(run=_make_data)
 
+
+def add_export(verbs):
     p = verbs.add_parser(
-        "export",
-        help="copy an image folder (ImageFolder layout) into the course layout with a manifest",
+        "export", help="copy an image folder (ImageFolder layout) into the course layout"
     )
     p.add_argument("source", type=Path)
     p.add_argument("target", type=Path)
     p.set_defaults(run=_export)
 
-    p = verbs.add_parser("exercises", help="generate exercises/ from solutions/")
+
+def add_exercises(verbs):
+    p = verbs.add_parser("exercises", help="generate exercises/ from solutions/ (course tools)")
     p.add_argument("--solutions", type=Path, default=Path("solutions"))
     p.add_argument("--exercises", type=Path, default=Path("exercises"))
     p.add_argument(
-        "--check",
-        action="store_true",
-        help="fail when exercises/ differs from what solutions/ generates",
+        "--check", action="store_true", help="fail when exercises/ differs from what it would be"
     )
     p.set_defaults(run=_exercises)
 
-    p = verbs.add_parser(
-        "schedule", help="time every lesson here and write the schedule into the instructor guide"
-    )
+
+def add_schedule(verbs):
+    p = verbs.add_parser("schedule", help="time every lesson; write the guide's schedule")
     p.add_argument("--guide", default="INSTRUCTORS.md")
     p.set_defaults(run=_schedule)
 
-    p = verbs.add_parser(
-        "lab-settings", help="make JupyterLab open the lessons' .md files as notebooks"
-    )
-    p.add_argument(
-        "--prefix",
-        type=Path,
-        default=None,
-        help="Jupyter's prefix (default: this Python's sys.prefix)",
-    )
+
+def add_lab_settings(verbs):
+    p = verbs.add_parser("lab-settings", help="make JupyterLab open the .md lessons as notebooks")
+    p.add_argument("--prefix", type=Path, help="Jupyter's prefix (default: this Python's)")
     p.set_defaults(run=_lab_settings)
 
+
+def add_slides(verbs):
     p = verbs.add_parser("slides", help="build offline reveal.js decks from the lessons")
     p.add_argument("--notebooks", type=Path, default=Path("notebooks"))
     p.add_argument("--out", type=Path, default=Path("build/slides"))
     p.add_argument(
-        "--no-execute",
-        dest="execute",
-        action="store_false",
-        help="convert without running the code cells",
+        "--no-execute", dest="execute", action="store_false", help="do not run the code cells"
     )
     p.set_defaults(run=_slides)
-    p = verbs.add_parser(
-        "shards", help="list, show, split and concatenate tar shards (webdataset layout)"
-    )
+
+
+def add_shards(verbs):
+    p = verbs.add_parser("shards", help="list, show, split and join tar shards (webdataset layout)")
     actions = p.add_subparsers(dest="action", required=True)
     q = actions.add_parser("list", help="samples, members and bytes of each shard")
     q.add_argument("shards", nargs="+", help="shard paths, URLs or brace patterns (quote them)")
@@ -176,23 +176,32 @@ def build_parser():
     q.add_argument("shards", nargs="+")
     q.add_argument("-o", "--output", type=Path, required=True)
     p.set_defaults(run=_shards)
-    p = verbs.add_parser(
-        "serve", help="run the dataset store service (lesson 5) on ROOT until Ctrl-C"
-    )
+
+
+def add_serve(verbs):
+    p = verbs.add_parser("serve", help="run the dataset store service (lesson 5) until Ctrl-C")
     p.add_argument("root", type=Path, help="folder that holds the datasets (created if missing)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
-    p.add_argument("--latency", type=float, default=0.0, help="emulated latency per request, in ms")
-    p.add_argument(
-        "--bandwidth", type=float, default=None, help="emulated bandwidth cap per transfer, in MB/s"
-    )
-    p.add_argument(
-        "--max-upload",
-        type=float,
-        default=None,
-        help="largest upload accepted, in MB (default: 1 GiB)",
-    )
+    p.add_argument("--latency", type=float, default=0.0, help="emulated latency per request, ms")
+    p.add_argument("--bandwidth", type=float, help="emulated bandwidth cap per transfer, MB/s")
+    p.add_argument("--max-upload", type=float, help="largest upload accepted, MB (default: 1 GiB)")
     p.set_defaults(run=_serve)
+
+
+VERBS = (add_make_data, add_export, add_shards, add_serve) + (
+    add_exercises,
+    add_schedule,
+    add_lab_settings,
+    add_slides,  # the course tools
+)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="packdata", description=__doc__)
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    for add in VERBS:
+        add(verbs)
     return parser
 
 
@@ -201,7 +210,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         return args.run(args) or 0
-    except (ValueError, OSError) as error:  # bad input: one clear line, no traceback
+    # bad input, or a course verb without the course tools: one clear line, no traceback
+    except (ValueError, OSError, CourseToolsMissing) as error:
         parser.exit(2, f"packdata {args.verb}: error: {error}\n")
 
 
