@@ -8,6 +8,8 @@ Bytes and processes
 - ``perprocess``  — state of one process: file handles, connections, a function in a pool's workers
 - ``httpclient``  — keep-alive HTTP client, a seekable file over Range GETs, file versions (ETags)
 - ``images``      — JPEG encode, decode with PIL or torchvision, raw ``.npy`` pixels, payloads
+- ``fields``      — a sample's fields from bytes: which member is the image, json, txt, npy
+- ``compression`` — compressed shards (gzip, bzip2, xz) recognised and decompressed, or named
 
 Tar
 - ``tario``       — tar headers by hand: read (pax and GNU extensions too) and write
@@ -17,6 +19,7 @@ Tar
 Data on disk
 - ``imagefolder`` — the dataset folder: ImageFolder layout and a manifest with every SHA-256
 - ``synthetic``   — the offline synthetic dataset, generated deterministically
+- ``photos``      — ImageNet-sized synthetic photos: the same shapes on natural texture
 - ``export``      — your own images or a torchvision dataset, into the same layout
 - ``samples``     — where samples come from when something writes them: one source per input kind
 

@@ -37,7 +37,7 @@ def expand_shards(shards):
     """
     if isinstance(shards, (str, Path)):
         shards = [shards]
-    expanded = [name for shard in shards for name in braceexpand(str(shard))]
+    expanded = [name for shard in shards for name in braceexpand(str(shard)) if name]
     if not expanded:
         raise ValueError(
             "the shard list is empty: give a brace pattern, a list of paths, or http:// URLs"
