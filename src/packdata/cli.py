@@ -11,10 +11,10 @@ from pathlib import Path
 
 
 def _make_data(args):
-    from . import synthetic
+    from . import photos, synthetic
 
-    root = synthetic.make_dataset(args.root, size=args.size, seed=args.seed, force=args.force)
-    print(root)
+    make = photos.make_photos if args.photos else synthetic.make_dataset
+    print(make(args.root, size=args.size, seed=args.seed, force=args.force))
 
 
 def _export(args):
@@ -113,6 +113,9 @@ def add_make_data(verbs):
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="regenerate even if it exists")
+    p.add_argument(
+        "--photos", action="store_true", help="the ImageNet-sized photos (data/photos-SIZE) instead"
+    )
     p.set_defaults(run=_make_data)
 
 

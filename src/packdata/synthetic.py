@@ -10,6 +10,7 @@ sorted order is also sorted by class.
 import os
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -133,7 +134,7 @@ def _triangle(rng):
     return [(_regular(3, radius=1.0), True)]
 
 
-_SHAPES = {
+SHAPES = {
     "arrow": _arrow,
     "checkerboard": _checkerboard,
     "circle": _circle,
@@ -147,19 +148,20 @@ _SHAPES = {
 }
 
 
-def _coverage(parts, center, scale, angle, image_size):
-    """Draw unit-coordinate polygons at ``center`` (pixels); return per-pixel coverage in 0..1."""
+def coverage(parts, center, scale, angle, size):
+    """Draw unit-coordinate polygons at ``center`` (pixels) on a ``(width, height)`` canvas; return
+    per-pixel coverage in 0..1, as a (height, width, 1) array."""
     rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
-    canvas = Image.new("L", (image_size * SUPERSAMPLING,) * 2)
+    canvas = Image.new("L", (size[0] * SUPERSAMPLING, size[1] * SUPERSAMPLING))
     pen = ImageDraw.Draw(canvas)
     for polygon, filled in parts:
         pixels = ((polygon * scale) @ rotation.T + center) * SUPERSAMPLING
         pen.polygon([tuple(point) for point in pixels], fill=255 if filled else 0)
-    small = canvas.resize((image_size, image_size), Image.Resampling.BOX)
+    small = canvas.resize(size, Image.Resampling.BOX)
     return np.asarray(small, dtype=np.float32)[..., None] / 255
 
 
-def _contrasting_colors(rng):
+def contrasting_colors(rng):
     """A background and a foreground colour whose brightness differs clearly."""
     luma = np.array([0.299, 0.587, 0.114])
     while True:
@@ -175,7 +177,8 @@ def _paint(image, coverage, color):
 
 def render_image(label, rng, image_size=64):
     """One synthetic ``image_size``² RGB image (uint8 HWC array) of class ``CLASSES[label]``."""
-    background, foreground = _contrasting_colors(rng)
+    square = (image_size, image_size)
+    background, foreground = contrasting_colors(rng)
     across = np.linspace(-0.5, 0.5, image_size, dtype=np.float32)
     direction = rng.uniform(0, 2 * np.pi)
     gradient = np.cos(direction) * across[None, :] + np.sin(direction) * across[:, None]
@@ -184,29 +187,26 @@ def render_image(label, rng, image_size=64):
     for _ in range(rng.choice([0, 0, 1, 2, 3])):  # clutter: thin strokes under the shape
         stroke = [(_box(-1, -0.08, 1, 0.08), True)]
         center = rng.uniform(0, image_size, size=2)
-        coverage = _coverage(
-            stroke, center, rng.uniform(0.08, 0.2) * image_size, rng.uniform(0, np.pi), image_size
-        )
-        _paint(image, coverage, rng.integers(0, 256, size=3))
+        length = rng.uniform(0.08, 0.2) * image_size
+        covered = coverage(stroke, center, length, rng.uniform(0, np.pi), square)
+        _paint(image, covered, rng.integers(0, 256, size=3))
 
     radius = rng.uniform(0.2, 0.36) * image_size
     center = rng.uniform(radius, image_size - radius, size=2)
     scale = radius * rng.uniform(0.85, 1.15, size=2)  # a little stretch, so no two are congruent
-    parts = _SHAPES[CLASSES[label]](rng)
-    _paint(
-        image, _coverage(parts, center, scale, rng.uniform(0, 2 * np.pi), image_size), foreground
-    )
+    parts = SHAPES[CLASSES[label]](rng)
+    _paint(image, coverage(parts, center, scale, rng.uniform(0, 2 * np.pi), square), foreground)
 
     image += rng.normal(0, rng.uniform(2, 12), size=image.shape).astype(np.float32)
     return np.clip(image, 0, 255).round().astype(np.uint8)
 
 
-def _synthetic_sample(item, *, seed, image_size):
-    """``(label, jpeg_bytes)`` of ``item``, an ``(index, label)`` pair: a pure function of its
-    arguments."""
+def rendered(item, *, render, seed):
+    """``(label, jpeg_bytes)`` of ``item``, an ``(index, label)`` pair, drawn by ``render(label,
+    rng)``: a pure function of its arguments."""
     index, label = item
     rng = np.random.default_rng([seed, index])
-    return label, encode_jpeg(Image.fromarray(render_image(label, rng, image_size)))
+    return label, encode_jpeg(Image.fromarray(render(label, rng)))
 
 
 def _balanced_labels(count):
@@ -223,29 +223,47 @@ def make_dataset(root=None, size=None, seed=0, image_size=64, force=False, progr
     Returns at once when ``root`` already holds this exact dataset, unless ``force``.
     """
     size = default_size() if size is None else size
-    root = Path(root) if root is not None else default_root(size)
-    count = parse_size(size)
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if not isinstance(image_size, int) or image_size < 16:
         raise ValueError(f"image_size must be an integer of at least 16 pixels, got {image_size!r}")
+    render = partial(render_image, image_size=image_size)
+    root = Path(root) if root is not None else default_root(size)
+    kind = Generated("synthetic", render, IMAGES_PER_WORKER, image_size)
+    return generate(kind, root, parse_size(size), seed, force, progress)
 
+
+class Generated(NamedTuple):
+    """A kind of generated dataset: its manifest ``source``, how to draw one image, how many images
+    make a process pool worth starting, and the image size it records (None: sizes vary)."""
+
+    source: str
+    render: object  # render(label, rng) -> uint8 HWC array
+    per_worker: int
+    image_size: int | None
+
+
+def generate(kind, root, count, seed, force=False, progress=True):
+    """Draw ``count`` images of ``kind`` into ``root`` (processes share the work when there are
+    enough); return at once when ``root`` already holds this exact dataset, unless ``force``."""
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     wanted = {
-        "source": "synthetic",
+        "source": kind.source,
         "seed": seed,
         "size": count,
-        "image_size": image_size,
+        "image_size": kind.image_size,
         "classes": list(CLASSES),
     }
     if not force and is_dataset(root):
         manifest = load_manifest(root)
         if all(manifest.get(name) == value for name, value in wanted.items()):
             return root
-
-    render = partial(_synthetic_sample, seed=seed, image_size=image_size)
-    workers = min(os.cpu_count() or 1, count // IMAGES_PER_WORKER)
-    samples = map_in_processes(render, enumerate(_balanced_labels(count)), workers, chunksize=100)
-    return write_dataset(root, CLASSES, samples, count, progress, "synthetic", seed, image_size)
+    draw = partial(rendered, render=kind.render, seed=seed)
+    workers = min(os.cpu_count() or 1, count // kind.per_worker)
+    chunks = max(1, kind.per_worker // 10)
+    samples = map_in_processes(draw, enumerate(_balanced_labels(count)), workers, chunksize=chunks)
+    return write_dataset(
+        root, CLASSES, samples, count, progress, kind.source, seed, kind.image_size
+    )
 
 
 def default_root(size=None):
