@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import webdataset
 
+from packdata import s3
 from packdata.compression import CompressionError, compression_of, decompressed
 from packdata.datasets import IndexedTarDataset
 from packdata.netstore import NetworkStore
@@ -111,3 +112,17 @@ def test_random_access_needs_a_plain_tar_and_says_so(compressed):
 
 def test_plain_bytes_pass_through_unchanged():
     assert decompressed(b"ustar and more", "x") == b"ustar and more"
+
+
+def test_gzip_shards_stream_from_s3_over_http_and_through_a_pipe(plain, tmp_path):
+    gz = []
+    for shard in plain:
+        target = tmp_path / f"{Path(shard).name}.gz"
+        target.write_bytes(gzip.compress(Path(shard).read_bytes()))
+        gz.append(target)
+    with s3.S3Server():
+        s3.client().create_bucket(Bucket="gzipped")
+        urls = s3.upload_files(gz, "gzipped", public=True)
+        assert keys_and_labels([s3.http_url(url) for url in urls]) == keys_and_labels(plain)
+        piped = webdataset.WebDataset([s3.pipe_url(url) for url in urls], shardshuffle=False)
+        assert [s["__key__"] for s in piped] == [key for key, _ in keys_and_labels(plain)]
