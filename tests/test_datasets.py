@@ -165,7 +165,7 @@ def test_http_dataset_names_the_url_and_status_of_a_missing_file(tiny_dataset, s
 def test_http_dataset_reconnects_when_the_store_drops_an_idle_connection(tiny_dataset, monkeypatch):
     # the store hangs up on idle clients after 0.1 s
     monkeypatch.setattr(store_module._Handler, "timeout", 0.1)
-    with NetworkStore(tiny_dataset, latency=0) as store:
+    with NetworkStore(tiny_dataset, latency=0, process=False) as store:  # patched: served here
         dataset = HttpDataset(store.url, load_manifest(tiny_dataset))
         dataset.read_bytes(0)
         time.sleep(0.5)

@@ -289,7 +289,7 @@ class LossyService(DatasetService):
 
 
 def test_a_create_whose_answer_is_lost_is_not_sent_again(tmp_path):
-    with LossyService(tmp_path) as service:
+    with LossyService(tmp_path, process=False) as service:  # its handler lives in this file
         client = DatasetClient(service.url)
         with pytest.raises(ConnectionError, match=f"POST {service.url}datasets failed"):
             client.create("d")
@@ -300,7 +300,7 @@ def test_a_create_whose_answer_is_lost_is_not_sent_again(tmp_path):
 def test_a_create_after_the_service_dropped_an_idle_connection(tmp_path, monkeypatch):
     # hang up on clients idle for 0.1 s
     monkeypatch.setattr(service_module._ServiceHandler, "timeout", 0.1)
-    with DatasetService(tmp_path) as service:
+    with DatasetService(tmp_path, process=False) as service:  # patched here: served from here
         client = DatasetClient(service.url)
         client.datasets()
         time.sleep(0.5)
@@ -314,7 +314,7 @@ def test_a_file_upload_after_the_service_dropped_an_idle_connection(tmp_path, mo
     source = tmp_path / "shard.tar"
     source.write_bytes(b"x" * 1000)
     (tmp_path / "served").mkdir()
-    with DatasetService(tmp_path / "served") as service:
+    with DatasetService(tmp_path / "served", process=False) as service:
         client = DatasetClient(service.url)
         client.create("d")
         time.sleep(0.5)

@@ -1,7 +1,9 @@
 import http.client
+import os
 import threading
 import time
 import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -242,3 +244,19 @@ def test_stop_waits_for_requests_in_flight_without_waiting_out_their_latency(ser
     assert left_running == set()  # no handler thread outlives stop()
     # the latency was cut short: a hang-up
     assert stopping < 60 and issubclass(answers[0], ConnectionError)
+
+
+def test_the_store_serves_from_a_process_of_its_own_with_shared_settings(served):
+    with NetworkStore(served, latency=0) as store:
+        assert store._child.pid != os.getpid() and store._child.poll() is None
+        fetch = lambda: urllib.request.urlopen(store.url_for("data.bin")).read()  # noqa: E731
+        size = len(fetch())
+        store.latency = 0.2  # set here, obeyed there
+        started = time.perf_counter()
+        fetch()
+        assert time.perf_counter() - started >= 0.2
+        assert (store.requests, store.bytes_served) == (2, 2 * size)
+        store.reset_counters()
+        assert (store.requests, store.bytes_served) == (0, 0)
+        child = store._child
+    assert child.poll() == 0  # stopped, and the port freed

@@ -5,9 +5,11 @@ bandwidth cap).
         data = urllib.request.urlopen(store.url_for("circle/000000.jpg")).read()
         print(store.requests, "requests x", store.latency, "s")
 
-Each request waits ``latency`` seconds on its own thread before answering, so parallel clients
-overlap their waits exactly as they would against a remote object store. ``latency`` and
-``bandwidth`` may be changed while the store runs. A file is sent with an ``ETag`` that changes with
+The server runs in a process of its own (``python -m packdata.netstore``), so it never competes
+with the client for the client's interpreter. Each request waits ``latency`` seconds on its own
+thread there before answering, so parallel clients overlap their waits exactly as they would
+against a remote object store. ``latency`` and ``bandwidth`` may be changed while the store runs,
+and the counters read: both live in shared memory. A file is sent with an ``ETag`` that changes with
 its size or mtime (``file_etag``) and a ``Last-Modified``, so a client can tell a rewritten file
 from the one it knew.
 
@@ -15,10 +17,13 @@ The request handler and server here are shared with the dataset service (``servi
 """
 
 import contextlib
+import importlib
+import json
 import mimetypes
 import os
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +32,8 @@ import warnings
 from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing import resource_tracker, shared_memory
+from multiprocessing.util import Finalize
 from pathlib import Path
 
 from .httpclient import file_etag
@@ -221,78 +228,156 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class Shared:
+    """``latency``, ``bandwidth`` and the two counters in 32 bytes of shared memory, so that a
+    server process and the process that started it see the same values."""
+
+    def __init__(self, name=None):
+        self.memory = shared_memory.SharedMemory(name=name, create=name is None, size=32)
+        if name is not None:  # attached, not created: the creator alone removes it
+            resource_tracker.unregister(self.memory._name, "shared_memory")
+        self.views = [self.memory.buf[:16], self.memory.buf[16:]]
+        self.floats, self.counts = self.views[0].cast("d"), self.views[1].cast("q")
+        self.lock = threading.Lock()  # the server's threads count; the creator only reads
+
+    def close(self, remove):
+        for view in (self.floats, self.counts, *self.views):
+            view.release()
+        self.memory.close()
+        if remove:
+            self.memory.unlink()
+
+
 class ServedFolder:
-    """A folder served from a background thread, with ``latency``, ``bandwidth`` and request
-    counters."""
+    """A folder served on loopback, with ``latency``, ``bandwidth`` and request counters.
+
+    By default the server runs in a process of its own (``process=True``), as a real store would:
+    its threads never compete with the client's for the client's interpreter, so what a client
+    measures is the client. ``latency`` and ``bandwidth`` may be changed while it runs, and
+    ``requests`` and ``bytes_served`` read: they live in shared memory. ``process=False`` serves
+    from a thread of this process instead (tests that patch a handler use it)."""
 
     handler = None  # the request handler class
 
-    def __init__(self, root, latency, bandwidth, verbose, host="127.0.0.1", port=0):
+    def __init__(self, root, latency, bandwidth, verbose, host="127.0.0.1", port=0, process=True):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise NotADirectoryError(f"nothing to serve: {self.root} is not a folder")
-        self.latency = latency
-        self.bandwidth = bandwidth
-        self.verbose = verbose
-        self.host, self.port = host, port
-        self.requests = 0
-        self.bytes_served = 0
-        self._lock = threading.Lock()
-        self._server = None
-        self._thread = None
+        self.shared = Shared()
+        self.latency, self.bandwidth = latency, bandwidth
+        self.verbose, self.host, self.port, self.process = verbose, host, port, process
+        self._address = self._server = self._thread = self._child = None
+        self._closer = Finalize(self, self.shared.close, args=(True,), exitpriority=0)
+
+    latency = property(
+        lambda self: self.shared.floats[0],
+        lambda self, seconds: self.shared.floats.__setitem__(0, seconds),
+        doc="Seconds each request waits before it is answered.",
+    )
+    bandwidth = property(
+        lambda self: self.shared.floats[1] or None,
+        lambda self, rate: self.shared.floats.__setitem__(1, rate or 0.0),
+        doc="Bytes/s each transfer is paced to; None for no cap.",
+    )
+    requests = property(lambda self: self.shared.counts[0], doc="Requests answered so far.")
+    bytes_served = property(lambda self: self.shared.counts[1], doc="Bytes of files sent so far.")
 
     @property
     def url(self):
         """The base URL, e.g. ``http://127.0.0.1:PORT/``."""
-        if self._server is None:
+        if self._address is None:
             raise RuntimeError(
                 f"the {type(self).__name__} is not running; use it in a 'with' block or call "
                 "start()"
             )
-        host, port = self._server.server_address[:2]
+        host, port = self._address
         return f"http://{host}:{port}/"
 
     def count(self, requests=0, bytes_served=0):
-        """Add to the counters (thread-safe)."""
-        with self._lock:
-            self.requests += requests
-            self.bytes_served += bytes_served
+        """Add to the counters (the server's threads call it)."""
+        with self.shared.lock:
+            self.shared.counts[0] += requests
+            self.shared.counts[1] += bytes_served
 
     def reset_counters(self):
         """Set ``requests`` and ``bytes_served`` back to zero, e.g. between two measurements."""
-        with self._lock:
-            self.requests = self.bytes_served = 0
+        self.shared.counts[0] = self.shared.counts[1] = 0
 
     def start(self):
         """Start serving (on an OS-chosen port unless one was given); returns self."""
-        if self._server is not None:
+        if self._address is not None:
             return self
-        self._server = _Server(self, self.handler, self.host, self.port)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=type(self).__name__,
-            daemon=True,
-        )
-        self._thread.start()
+        if self.process:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", __name__, json.dumps(self.recipe())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            self._address = self._child_address()
+        else:
+            self._server = _Server(self, self.handler, self.host, self.port)
+            self._thread = threading.Thread(
+                target=self._server.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name=type(self).__name__,
+                daemon=True,
+            )
+            self._thread.start()
+            self._address = self._server.server_address[:2]
         return self
+
+    def recipe(self):
+        """What the server process needs to serve the same folder the same way."""
+        kind = type(self)
+        return {
+            "class": f"{kind.__module__}:{kind.__qualname__}",
+            "shared": self.shared.memory.name,
+            "settings": self.settings(),
+        }
+
+    def settings(self):
+        """The keyword arguments that make another instance like this one (subclasses add)."""
+        return {"root": str(self.root), "verbose": self.verbose}
+
+    def _child_address(self):
+        line = self._child.stdout.readline()
+        if not line.startswith("listening "):
+            self._child.wait()
+            self._child = None
+            raise OSError(f"{type(self).__name__} could not start: {line.strip() or 'no answer'}")
+        host, port = line.split()[1:]
+        return host, int(port)
 
     def stop(self, timeout=5.0):
         """Stop serving, hang up on every client, wait up to ``timeout`` s for requests in progress
         to end (a request sleeping on ``latency`` or ``bandwidth`` ends at once), and free the port.
         """
-        if self._server is None:
+        if self._address is None:
             return
-        self._server.shutdown()
-        if not self._server.close_connections(timeout):
+        if self._child is not None:
+            ended = self._stop_child(timeout)
+        else:
+            ended = _shut_down(self._server, timeout)
+            self._thread.join()
+        if not ended:
             warnings.warn(
                 f"{type(self).__name__}: requests still running {timeout} s after stop()",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        self._server.server_close()
-        self._thread.join()
-        self._server = self._thread = None
+        self._address = self._server = self._thread = self._child = None
+
+    def _stop_child(self, timeout):
+        """Tell the server process to stop (it waits up to ``timeout`` s for requests); True when
+        every request ended in time."""
+        try:
+            answer, _ = self._child.communicate(f"{timeout}\n", timeout=timeout + 10)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+            return False
+        return answer.strip() == "stopped"
 
     def __enter__(self):
         return self.start()
@@ -301,12 +386,46 @@ class ServedFolder:
         self.stop()
 
     def __repr__(self):
-        where = self.url if self._server else "stopped"
+        where = self.url if self._address else "stopped"
         return (
             f"{type(self).__name__}({str(self.root)!r}, latency={self.latency}, "
             f"bandwidth={self.bandwidth}) at "
             f"{where}: {self.requests} requests, {self.bytes_served} bytes served"
         )
+
+
+def _shut_down(server, timeout):
+    """Stop ``server`` and free its port; True when every request ended within ``timeout`` s."""
+    server.shutdown()
+    ended = server.close_connections(timeout)
+    server.server_close()
+    return ended
+
+
+def serve_child(recipe):
+    """The server process (``python -m packdata.netstore RECIPE``): serve the folder the recipe
+    names, with the shared settings, until a stop timeout arrives on standard input (or it
+    closes); then say whether every request ended in time."""
+    module, _, name = recipe["class"].partition(":")
+    kind = getattr(importlib.import_module(module), name)
+    served = kind.__new__(kind)
+    served.__dict__.update(kind(**recipe["settings"], process=False).__dict__)
+    served._closer()  # frees the instance's own settings: the parent's are the ones to use
+    served.shared = Shared(recipe["shared"])
+    try:
+        server = _Server(served, served.handler, served.host, served.port)
+    except OSError as error:  # the port is taken, say
+        print(f"error: {error}", flush=True)
+        return 1
+    print("listening", *server.server_address[:2], flush=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    timeout = float(sys.stdin.readline() or 0)  # an empty line: the parent is gone
+    ended = _shut_down(server, timeout)
+    thread.join()
+    served.shared.close(remove=False)
+    print("stopped" if ended else "requests still running", flush=True)
+    return 0
 
 
 # --- lesson 1: a folder behind a slow network -----------------------------------------------------
@@ -349,9 +468,13 @@ class NetworkStore(ServedFolder):
 
     handler = _Handler
 
-    def __init__(self, root, latency=0.002, bandwidth=None, verbose=False):
-        super().__init__(root, latency, bandwidth, verbose)
+    def __init__(self, root, latency=0.002, bandwidth=None, verbose=False, process=True):
+        super().__init__(root, latency, bandwidth, verbose, process=process)
 
     def url_for(self, relpath):
         """The URL of the file at ``relpath`` (relative to the served root)."""
         return self.url + urllib.parse.quote(Path(relpath).as_posix())
+
+
+if __name__ == "__main__":
+    sys.exit(serve_child(json.loads(sys.argv[1])))

@@ -292,9 +292,14 @@ class DatasetService(ServedFolder):
         port=0,
         max_upload=MAX_UPLOAD,
         verbose=False,
+        process=True,
     ):
-        super().__init__(root, latency, bandwidth, verbose, host, port)
+        super().__init__(root, latency, bandwidth, verbose, host, port, process)
         self.max_upload = max_upload
+
+    def settings(self):
+        more = {"host": self.host, "port": self.port, "max_upload": self.max_upload}
+        return {**super().settings(), **more}
 
     def url_for(self, dataset, file=None):
         """The URL of a dataset, or of one of its files."""
@@ -382,7 +387,8 @@ class DatasetClient:
 def serve(root, latency=0, bandwidth=None, host="127.0.0.1", port=8080, max_upload=MAX_UPLOAD):
     """Run a ``DatasetService`` in the foreground until interrupted (``packdata serve``)."""
     Path(root).mkdir(parents=True, exist_ok=True)
-    with DatasetService(root, latency, bandwidth, host, port, max_upload, verbose=True) as service:
+    service = DatasetService(root, latency, bandwidth, host, port, max_upload, True, process=False)
+    with service:
         print(
             f"serving datasets from {service.root} at {service.url}datasets (Ctrl-C stops)",
             flush=True,
