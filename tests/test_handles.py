@@ -211,17 +211,18 @@ def reopen_zip(worker_id):
 # --- the naive ZIP dataset breaks, the per-process one does not -----------------------------------
 
 
+def audit_under_fork(dataset, checksums, **options):
+    """An audit of one epoch read by 4 forked workers, 4 samples a batch."""
+    return audit_reads(
+        dataset, checksums, num_workers=4, batch_size=4, multiprocessing_context="fork", **options
+    )
+
+
 def test_the_naive_zip_dataset_fails_or_corrupts_under_fork(packed):
     archive, _, checksums = packed
     # a race: about one read in twenty goes wrong here; bounded, so never flaky
     for _ in range(100):
-        audit = audit_reads(
-            ZipDataset(archive),
-            checksums,
-            num_workers=4,
-            batch_size=4,
-            multiprocessing_context="fork",
-        )
+        audit = audit_under_fork(ZipDataset(archive), checksums)
         # all read the parent's handle
         assert all(process["opened"] == 0 for process in audit.processes.values())
         if audit.corrupted:
@@ -240,14 +241,7 @@ def test_the_naive_zip_dataset_cannot_be_pickled_for_spawn(packed, context):
 def test_a_worker_init_fn_that_reopens_fixes_the_naive_zip_under_fork(packed):
     archive, _, checksums = packed
     for _ in range(5):
-        audit = audit_reads(
-            ZipDataset(archive),
-            checksums,
-            num_workers=4,
-            batch_size=4,
-            multiprocessing_context="fork",
-            worker_init_fn=reopen_zip,
-        )
+        audit = audit_under_fork(ZipDataset(archive), checksums, worker_init_fn=reopen_zip)
         assert audit.correct == audit.samples
 
 
