@@ -248,7 +248,8 @@ def test_stop_waits_for_requests_in_flight_without_waiting_out_their_latency(ser
 
 def test_the_store_serves_from_a_process_of_its_own_with_shared_settings(served):
     with NetworkStore(served, latency=0) as store:
-        assert store._child.pid != os.getpid() and store._child.poll() is None
+        child = store._child.process
+        assert child.pid != os.getpid() and child.poll() is None
         fetch = lambda: urllib.request.urlopen(store.url_for("data.bin")).read()  # noqa: E731
         size = len(fetch())
         store.latency = 0.2  # set here, obeyed there
@@ -258,5 +259,4 @@ def test_the_store_serves_from_a_process_of_its_own_with_shared_settings(served)
         assert (store.requests, store.bytes_served) == (2, 2 * size)
         store.reset_counters()
         assert (store.requests, store.bytes_served) == (0, 0)
-        child = store._child
     assert child.poll() == 0  # stopped, and the port freed

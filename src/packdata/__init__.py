@@ -6,6 +6,7 @@ the layers listed before it (``tests/test_architecture.py`` holds the package to
 Bytes and processes
 - ``atomic``      — files and folders that appear under their name only once complete
 - ``perprocess``  — state of one process: file handles, connections, a function in a pool's workers
+- ``childserver`` — a server in a process of its own, started by a command, stopped by a line
 - ``httpclient``  — keep-alive HTTP client, a seekable file over Range GETs, file versions (ETags)
 - ``images``      — JPEG encode, decode with PIL or torchvision, raw ``.npy`` pixels, payloads
 - ``fields``      — a sample's fields from bytes: which member is the image, json, txt, npy
@@ -46,7 +47,7 @@ Storage and servers
 - ``netstore``    — an emulated network store: HTTP on loopback with latency and a bandwidth cap
 - ``service``     — a dataset service (JSON API, uploads) on the same server, and its client
 - ``transfer``    — upload datasets per object or as shards; stage shards to local scratch
-- ``s3``          — an S3-protocol server on loopback (moto); boto3 and s3fs by one endpoint setting
+- ``s3``          — an S3 server on loopback (moto, its own process); boto3, s3fs by one setting
 - ``system``      — versions, cores and accelerator of this machine
 - ``cli``         — the ``packdata`` command
 

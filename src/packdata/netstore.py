@@ -23,19 +23,20 @@ import mimetypes
 import os
 import re
 import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 import warnings
 from email.utils import formatdate
+from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.util import Finalize
 from pathlib import Path
 
+from .childserver import ChildServer, serve_until_told
 from .httpclient import file_etag
 
 CHUNK = 64 * 1024
@@ -308,13 +309,9 @@ class ServedFolder:
         if self._address is not None:
             return self
         if self.process:
-            self._child = subprocess.Popen(
-                [sys.executable, "-m", __name__, json.dumps(self.recipe())],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            self._address = self._child_address()
+            command = [sys.executable, "-m", __name__, json.dumps(self.recipe())]
+            self._child = ChildServer(command, type(self).__name__)
+            self._address = self._child.start()
         else:
             self._server = _Server(self, self.handler, self.host, self.port)
             self._thread = threading.Thread(
@@ -340,15 +337,6 @@ class ServedFolder:
         """The keyword arguments that make another instance like this one (subclasses add)."""
         return {"root": str(self.root), "verbose": self.verbose}
 
-    def _child_address(self):
-        line = self._child.stdout.readline()
-        if not line.startswith("listening "):
-            self._child.wait()
-            self._child = None
-            raise OSError(f"{type(self).__name__} could not start: {line.strip() or 'no answer'}")
-        host, port = line.split()[1:]
-        return host, int(port)
-
     def stop(self, timeout=5.0):
         """Stop serving, hang up on every client, wait up to ``timeout`` s for requests in progress
         to end (a request sleeping on ``latency`` or ``bandwidth`` ends at once), and free the port.
@@ -356,7 +344,7 @@ class ServedFolder:
         if self._address is None:
             return
         if self._child is not None:
-            ended = self._stop_child(timeout)
+            ended = self._child.stop(timeout)
         else:
             ended = _shut_down(self._server, timeout)
             self._thread.join()
@@ -367,17 +355,6 @@ class ServedFolder:
                 stacklevel=2,
             )
         self._address = self._server = self._thread = self._child = None
-
-    def _stop_child(self, timeout):
-        """Tell the server process to stop (it waits up to ``timeout`` s for requests); True when
-        every request ended in time."""
-        try:
-            answer, _ = self._child.communicate(f"{timeout}\n", timeout=timeout + 10)
-        except subprocess.TimeoutExpired:
-            self._child.kill()
-            self._child.wait()
-            return False
-        return answer.strip() == "stopped"
 
     def __enter__(self):
         return self.start()
@@ -417,14 +394,11 @@ def serve_child(recipe):
     except OSError as error:  # the port is taken, say
         print(f"error: {error}", flush=True)
         return 1
-    print("listening", *server.server_address[:2], flush=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
-    timeout = float(sys.stdin.readline() or 0)  # an empty line: the parent is gone
-    ended = _shut_down(server, timeout)
+    serve_until_told(server.server_address[:2], partial(_shut_down, server))
     thread.join()
     served.shared.close(remove=False)
-    print("stopped" if ended else "requests still running", flush=True)
     return 0
 
 

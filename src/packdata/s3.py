@@ -21,6 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from .childserver import ChildServer, serve_until_told
+
 ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL"
 TEST_SETTINGS = {  # moto accepts any keys; these only stop boto3 from looking for real ones
     "AWS_ACCESS_KEY_ID": "testing",
@@ -30,8 +32,8 @@ TEST_SETTINGS = {  # moto accepts any keys; these only stop boto3 from looking f
 
 
 class S3Server:
-    """moto's S3 server on ``host`` (loopback), a free port, from a background thread;
-    ``endpoint_url`` says where.
+    """moto's S3 server on ``host`` (loopback), a free port, in a process of its own, as a real
+    store would be; ``endpoint_url`` says where.
 
     While it runs, ``AWS_ENDPOINT_URL`` and dummy credentials are set in ``os.environ``
     (``export=False`` leaves the environment alone), so code and subprocesses written for S3 talk to
@@ -48,17 +50,13 @@ class S3Server:
         self._server, self._saved = None, {}
 
     def start(self):
-        from moto.server import ThreadedMotoServer
-
         if self._server is not None:
             return self
-        if not self.verbose:  # the server logs every request through werkzeug's logger
-            logging.getLogger("werkzeug").setLevel(logging.WARNING)
         if self.export and S3Server.exporting is not None:
             S3Server.exporting.stop()
-        self._server = ThreadedMotoServer(ip_address=self.host, port=0, verbose=self.verbose)
-        self._server.start()
-        host, port = self._server.get_host_and_port()
+        command = [sys.executable, "-m", __name__, "--serve", self.host, str(self.verbose)]
+        self._server = ChildServer(command, "S3Server")
+        host, port = self._server.start()
         self.endpoint_url = f"http://{host}:{port}"
         if self.export:
             settings = {**TEST_SETTINGS, ENDPOINT_VARIABLE: self.endpoint_url}
@@ -70,7 +68,7 @@ class S3Server:
     def stop(self):
         if self._server is None:
             return
-        self._server.stop()
+        self._server.stop()  # moto's server stops at once
         for name, value in self._saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -146,9 +144,25 @@ def pipe_url(url):
     return f"pipe:{sys.executable} -m packdata.s3 {url}"
 
 
+def serve(host, verbose):
+    """The server process (``python -m packdata.s3 --serve HOST VERBOSE``): moto's S3 server on a
+    free port until told to stop (``childserver``)."""
+    from moto.server import ThreadedMotoServer
+
+    if not verbose:  # the server logs every request through werkzeug's logger
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address=host, port=0, verbose=verbose)
+    server.start()
+    serve_until_told(server.get_host_and_port(), lambda timeout: server.stop() or True)
+    return 0
+
+
 def main(argv=None):
-    """Copy each ``s3://bucket/key`` given to standard output."""
+    """Copy each ``s3://bucket/key`` given to standard output; or, with ``--serve``, be the server
+    process of an ``S3Server``."""
     urls = sys.argv[1:] if argv is None else argv
+    if urls[:1] == ["--serve"]:
+        return serve(urls[1], urls[2] == "True")
     if not urls:
         print("usage: python -m packdata.s3 s3://bucket/key ...", file=sys.stderr)
         return 2

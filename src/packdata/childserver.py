@@ -1,0 +1,55 @@
+"""A server in a process of its own: started with a command, it answers its address on standard
+output; a line on its standard input stops it.
+
+    child = ChildServer([sys.executable, "-m", "packdata.netstore", recipe])
+    host, port = child.start()      # the child printed "listening HOST PORT"
+    ...
+    child.stop(timeout=5)           # sends the timeout; True when every request ended in time
+
+The child side is ``serve_until_told``: print the address, wait for the line, stop, say how it went.
+A child whose parent dies sees its standard input close, and stops too.
+"""
+
+import subprocess
+import sys
+
+
+class ChildServer:
+    """The parent's handle on a server process."""
+
+    def __init__(self, command, name="server"):
+        self.command, self.name, self.process = command, name, None
+
+    def start(self, timeout=60):
+        """Start the process; return the ``(host, port)`` it listens on."""
+        self.process = subprocess.Popen(
+            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        line = self.process.stdout.readline()
+        if not line.startswith("listening "):
+            self.process.wait(timeout)
+            self.process = None
+            raise OSError(f"{self.name} could not start: {line.strip() or 'no answer'}")
+        host, port = line.split()[1:]
+        return host, int(port)
+
+    def stop(self, timeout=5.0):
+        """Tell the process to stop, giving requests in progress ``timeout`` s; True when all of
+        them ended in time."""
+        try:
+            answer, _ = self.process.communicate(f"{timeout}\n", timeout=timeout + 10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            answer = ""
+        self.process = None
+        return answer.strip() == "stopped"
+
+
+def serve_until_told(address, shut_down):
+    """The child's side: print ``address``, wait for the stop line (or for standard input to
+    close), call ``shut_down(timeout)`` (True when every request ended), and say so."""
+    print("listening", *address, flush=True)
+    timeout = float(sys.stdin.readline() or 0)
+    ended = shut_down(timeout)
+    print("stopped" if ended else "requests still running", flush=True)
