@@ -40,3 +40,8 @@ def test_the_rate_a_loader_must_deliver():
         2560,
         pytest.approx(281.6),
     )
+
+
+def test_the_first_steps_can_be_left_out():
+    times = time_steps(DataLoader(Slow(0), batch_size=1), lambda batch: None)
+    assert len(times.after(3).wait) == len(times.after(3).compute) == 5

@@ -32,6 +32,10 @@ class StepTimes:
         total = sum(self.wait) + sum(self.compute)
         return sum(self.wait) / total if total else 0.0
 
+    def after(self, steps):
+        """The same times without the first ``steps`` (the workers' start-up, say)."""
+        return StepTimes(self.wait[steps:], self.compute[steps:])
+
     @property
     def steps_per_s(self):
         return len(self.wait) / (sum(self.wait) + sum(self.compute))

@@ -52,15 +52,20 @@ def train_epoch(model, batches, optimizer, device, steps=None):
     seen)``."""
     model.train()
     total_loss, seen = 0.0, 0
-    for images, labels in itertools.islice(batches, steps):
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        total_loss += loss.item() * len(labels)
-        seen += len(labels)
+    for batch in itertools.islice(batches, steps):
+        total_loss += train_step(model, batch, optimizer, device) * len(batch[1])
+        seen += len(batch[1])
     return total_loss / max(seen, 1), seen
+
+
+def train_step(model, batch, optimizer, device):
+    """One optimisation step on ``batch`` (images, labels); returns its loss."""
+    images, labels = (tensor.to(device, non_blocking=True) for tensor in batch)
+    loss = F.cross_entropy(model(images), labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
 
 
 @torch.no_grad()
