@@ -37,8 +37,8 @@ $(LAB_SETTINGS): $(INSTALLED) src/packdata/course/hub.py
 
 setup: $(INSTALLED) $(LAB_SETTINGS)  ## create .venv, install pins and packdata, open .md as notebooks in Lab
 
-data: setup  ## generate the default dataset if missing ($$PACKDATA_SIZE: workshop or small)
-	@$(BIN)/packdata make-data
+data: setup  ## generate the datasets if missing (shapes and photos) ($$PACKDATA_SIZE: workshop or small)
+	@$(BIN)/packdata make-data && $(BIN)/packdata make-data --photos
 
 notebooks: setup  ## write the .ipynb pair of every lesson, solution and exercise whose .md is newer
 	@stale=$$(for md in $(SOURCES); do [ "$$md" -ot "$${md%.md}.ipynb" ] || echo "$$md"; done); \

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
@@ -6,6 +7,7 @@ from packdata.bench import (
     BenchResult,
     SampleCountError,
     benchmark,
+    read_and_decode_us,
     results_table,
     too_short_to_judge,
 )
@@ -153,3 +155,16 @@ def test_short_epochs_are_too_short_to_judge():
 def test_at_least_one_epoch_is_asked_for(tiny_dataset):
     with pytest.raises(ValueError, match="epochs must be at least 1"):
         benchmark(FolderDataset(tiny_dataset), epochs=0, progress=False)
+
+
+def test_read_and_decode_are_timed_apart_on_the_samples_asked_for(tiny_dataset):
+    class Counting(FolderDataset):
+        reads = 0
+
+        def read_bytes(self, index):
+            Counting.reads += 1
+            return super().read_bytes(index)
+
+    read_us, decode_us = read_and_decode_us(Counting(tiny_dataset), np.random.default_rng(0), 7)
+    assert Counting.reads == 7
+    assert read_us > 0 and decode_us > 0

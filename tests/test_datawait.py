@@ -4,8 +4,10 @@ computing."""
 import time
 
 import pytest
+import torch
 from torch.utils.data import DataLoader, Dataset
 
+from packdata import datawait
 from packdata.datawait import required_rate, time_steps
 
 
@@ -45,3 +47,15 @@ def test_the_rate_a_loader_must_deliver():
 def test_the_first_steps_can_be_left_out():
     times = time_steps(DataLoader(Slow(0), batch_size=1), lambda batch: None)
     assert len(times.after(3).wait) == len(times.after(3).compute) == 5
+
+
+def test_copy_seconds_needs_a_gpu_and_says_so():
+    with pytest.raises(ValueError, match="CUDA device, not to cpu"):
+        datawait.copy_seconds("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_copy_seconds_times_each_way_on_a_gpu():
+    seconds = datawait.copy_seconds("cuda", (4, 3, 8, 8), repeats=2)
+    assert list(seconds) == ["pageable", "pinned", "pinned, non_blocking"]
+    assert all(value > 0 for value in seconds.values())

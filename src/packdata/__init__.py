@@ -37,6 +37,7 @@ Reading for training
 - ``streaming``   — stream shards: exactly once per epoch across ranks and workers, shuffled twice
 - ``audit``       — what DataLoader workers really read, checked against the manifest
 - ``bench``       — measure a DataLoader configuration, count every sample
+- ``compare``     — configurations measured in turn, round after round; verdicts only when clear
 - ``datawait``    — is the GPU waiting? each training step's wait for data apart from its compute
 - ``train``       — a small CNN and its train/evaluate loop, for the lessons and
   ``scripts/train.py``

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 
+from .images import decode_image
+
 COLUMNS = (
     # heading, BenchResult attribute, format
     ("label", "label", "{}"),
@@ -227,3 +229,17 @@ def benchmark(
             result.first_batch_seconds.append(first_batch_s)
             result.epoch_seconds.append(epoch_s)
     return result
+
+
+def read_and_decode_us(dataset, rng, count=300):
+    """Microseconds per sample to read ``count`` random samples' bytes (``dataset.read_bytes``)
+    and, apart from that, to decode them: ``(read_us, decode_us)``. The cache is as it finds it."""
+    picked = rng.permutation(len(dataset))[:count].tolist()
+    started = time.perf_counter()
+    payloads = [dataset.read_bytes(index) for index in picked]
+    read_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for payload in payloads:
+        decode_image(payload)
+    decode_s = time.perf_counter() - started
+    return read_s / len(picked) * 1e6, decode_s / len(picked) * 1e6

@@ -74,3 +74,27 @@ def required_rate(steps_per_s, batch_size, bytes_per_sample):
     ``batch_size`` samples never waits."""
     samples_per_s = steps_per_s * batch_size
     return samples_per_s, samples_per_s * bytes_per_sample / 1e6
+
+
+def copy_seconds(device, batch_shape=(256, 3, 224, 224), repeats=20):
+    """Seconds to copy one uint8 batch of ``batch_shape`` to ``device``, by how the batch is held:
+    ``{"pageable": s, "pinned": s, "pinned, non_blocking": s}`` (medians of ``repeats``). Pinned
+    (page-locked) memory is what ``DataLoader(pin_memory=True)`` hands out; only a copy to a GPU
+    can use it, so ``device`` must be a CUDA device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"pinned memory speeds up copies to a CUDA device, not to {device}")
+    pageable = torch.randint(0, 256, batch_shape, dtype=torch.uint8)
+    held = {"pageable": pageable, "pinned": pageable.pin_memory()}
+    ways = [("pageable", False), ("pinned", False), ("pinned, non_blocking", True)]
+    seconds = {}
+    for name, non_blocking in ways:
+        batch, times = held[name.split(",")[0]], []
+        for _ in range(repeats):
+            torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            batch.to(device, non_blocking=non_blocking)
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - started)
+        seconds[name] = statistics.median(times)
+    return seconds
