@@ -74,10 +74,10 @@ lint: setup  ## ruff: lint and format check of the package, tests, benchmark and
 hooks: setup  ## install the pre-commit hooks (ruff, jupytext sync) into this clone's .git
 	@$(BIN)/pre-commit install
 
-bench: setup data  ## every loader on the same data, side by side: build/bench/report.md (about 5 minutes)
+bench: setup data  ## every loader side by side, targets judged on the photos: build/bench/report.md (4 to 5 minutes on 2 cores)
 	@$(BIN)/python benchmarks/report.py
 
-bench-quick: setup  ## the same on the 500-image dataset, to check that every loader runs (targets not judged)
+bench-quick: setup  ## the same on 100 photos and 500 shapes, to check that every loader runs (judges nothing)
 	@$(BIN)/python benchmarks/report.py --small
 
 clean:  ## remove generated notebooks, slides and caches (keeps .venv and data/)

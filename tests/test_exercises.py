@@ -4,13 +4,18 @@ import inspect
 import json
 import math
 import os
+import random
+import re
+import tarfile
 import zipfile
+from operator import methodcaller
 from pathlib import Path
 
 import jupytext
 import pytest
+import webdataset as wds
 from PIL import Image
-from torch.utils.data import get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata import costmodel, imagefolder, packing, tarindex
 from packdata.course import checks, exercises
@@ -367,35 +372,73 @@ CASES.update(
 )
 
 
-# --- lesson 5 -------------------------------------------------------------------------------------
-
-
-def upload_shards_right(client, dataset, paths):
-    client.create(dataset)
-    return [client.upload(dataset, Path(path).name, path) for path in paths]
-
-
-def upload_without_creating(client, dataset, paths):
-    return [client.upload(dataset, Path(path).name, path) for path in paths]
+# --- lesson 6 -------------------------------------------------------------------------------------
 
 
 def samples_per_shard_right(latency, bandwidth, mean_bytes, efficiency):
     return math.ceil(costmodel.size_for_efficiency(latency, bandwidth, efficiency) / mean_bytes)
 
 
+def stage_or_stream_right(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    if size > scratch:
+        return "stream"
+    return "stage" if copy_s + epochs * local_epoch_s < epochs * remote_epoch_s else "stream"
+
+
+def stage_without_the_copy(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    return stage_or_stream_right(0, remote_epoch_s, local_epoch_s, epochs, scratch, size)
+
+
+def stage_whenever_it_fits(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    return "stage" if size <= scratch else "stream"
+
+
+def stage_for_one_epoch(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    return stage_or_stream_right(copy_s, remote_epoch_s, local_epoch_s, 1, scratch, size)
+
+
+def stage_even_when_it_does_not_fit(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    return stage_or_stream_right(copy_s, remote_epoch_s, local_epoch_s, epochs, size, size)
+
+
+def stage_or_stream_swapped(*case):
+    return {"stage": "stream", "stream": "stage"}[stage_or_stream_right(*case)]
+
+
+def stage_as_a_bool(*case):
+    return stage_or_stream_right(*case) == "stage"
+
+
+def full_steps_right(samples_per_worker, batch_size):
+    return min(sum(n // batch_size for n in rank) for rank in samples_per_worker)
+
+
+def full_steps_of_the_largest_rank(samples_per_worker, batch_size):
+    return max(sum(n // batch_size for n in rank) for rank in samples_per_worker)
+
+
+def full_steps_of_rank_0(samples_per_worker, batch_size):
+    return sum(n // batch_size for n in samples_per_worker[0])
+
+
+def full_steps_pooled_per_rank(samples_per_worker, batch_size):
+    return min(sum(rank) // batch_size for rank in samples_per_worker)
+
+
+def full_steps_with_short_batches(samples_per_worker, batch_size):
+    return min(sum(math.ceil(n / batch_size) for n in rank) for rank in samples_per_worker)
+
+
+def full_steps_shared_out(samples_per_worker, batch_size):
+    return sum(map(sum, samples_per_worker)) // (batch_size * len(samples_per_worker))
+
+
+def full_steps_as_a_float(samples_per_worker, batch_size):
+    return float(full_steps_right(samples_per_worker, batch_size))
+
+
 CASES.update(
     {
-        "check_upload_shards": (
-            lambda check, impl, root: check(impl, root),
-            upload_shards_right,
-            [
-                upload_without_creating,
-                lambda client, dataset, paths: [
-                    str(p) for p in upload_shards_right(client, dataset, paths) and paths
-                ],
-                lambda client, dataset, paths: upload_shards_right(client, dataset, paths[:1]),
-            ],
-        ),
         "check_samples_per_shard": (
             lambda check, impl, root: check(impl),
             samples_per_shard_right,
@@ -405,19 +448,30 @@ CASES.update(
                 lambda lat, bw, b, e: costmodel.size_for_efficiency(lat, bw, e) / b,
             ],
         ),
-        "check_shards_for_rank": (
+        "check_stage_or_stream": (
             lambda check, impl, root: check(impl),
-            lambda shards, rank, world_size: shards[rank::world_size],
+            stage_or_stream_right,
             [
-                lambda shards, rank, world_size: shards[
-                    rank * (n := len(shards) // world_size) : (rank + 1) * n
-                ],
-                lambda shards, rank, world_size: shards[
-                    rank * (n := -(-len(shards) // world_size)) : (rank + 1) * n
-                ],
-                lambda shards, rank, world_size: shards[
-                    rank : rank + len(shards) // world_size + 1
-                ],
+                stage_without_the_copy,
+                stage_whenever_it_fits,
+                stage_for_one_epoch,
+                stage_even_when_it_does_not_fit,
+                stage_or_stream_swapped,
+                stage_as_a_bool,
+                lambda *case: "stream",
+                lambda *case: "stage",
+            ],
+        ),
+        "check_common_full_steps": (
+            lambda check, impl, root: check(impl),
+            full_steps_right,
+            [
+                full_steps_of_the_largest_rank,
+                full_steps_of_rank_0,
+                full_steps_pooled_per_rank,
+                full_steps_with_short_batches,
+                full_steps_shared_out,
+                full_steps_as_a_float,
             ],
         ),
     }
@@ -569,12 +623,155 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             lambda n, m, lat, bw, w: (n * lat + m / bw) / w,
             "the transfer is for every file",
         ),
+        ("check_predict_epoch_seconds", lambda *args: None, "return the seconds, a number"),
+        ("check_stage_or_stream", stage_without_the_copy, "you left out the copy"),
+        ("check_stage_or_stream", stage_whenever_it_fits, "fitting on scratch is not enough"),
+        ("check_stage_or_stream", stage_for_one_epoch, "the copy is paid once"),
+        ("check_stage_or_stream", stage_even_when_it_does_not_fit, "staging needs room"),
+        ("check_stage_or_stream", stage_or_stream_swapped, "the other way round"),
+        ("check_stage_or_stream", stage_as_a_bool, "return the string 'stage'"),
+        ("check_common_full_steps", full_steps_of_the_largest_rank, "Take the fewest"),
+        ("check_common_full_steps", full_steps_of_rank_0, "rank 0's own count"),
+        ("check_common_full_steps", full_steps_pooled_per_rank, "worker by worker"),
+        ("check_common_full_steps", full_steps_with_short_batches, "short last batch"),
+        ("check_common_full_steps", full_steps_shared_out, "its own workers deliver"),
+        ("check_common_full_steps", full_steps_as_a_float, "an int"),
     ],
 )
 def test_check_names_the_mistake(name, wrong, hint, tiny_dataset):
     run, _, _ = CASES[name]
     with pytest.raises(checks.CheckFailed, match=hint):
         run(getattr(checks, name), wrong, tiny_dataset)
+
+
+# --- lessons 4 and 5: a streaming dataset and a webdataset loader, written whole -----------------
+
+
+def read_samples(shard):
+    with tarfile.open(shard) as tar:
+        for member in tar:
+            if member.name.endswith(".cls"):
+                yield member.name[:-4], int(tar.extractfile(member).read())
+
+
+def stream_class(mistake=None):
+    """A learner's ShardStream, right or with one ``mistake``."""
+
+    class Stream(IterableDataset):
+        def __init__(self, shards, rank=0, world_size=1, seed=0, buffer_size=100):
+            self.shards, self.rank, self.world_size = list(shards), rank, world_size
+            self.seed, self.buffer_size, self.epoch = seed, buffer_size, 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+        def __iter__(self):
+            info = get_worker_info()
+            worker, workers = (info.id, info.num_workers) if info else (0, 1)
+            epoch = 0 if mistake == "epoch ignored" else self.epoch
+            rank_salt = self.rank if mistake == "rank in the shard seed" else ""
+            order = list(self.shards)
+            random.Random(f"{self.seed}:{epoch}:{rank_salt}").shuffle(order)
+            mine = order if mistake == "no rank split" else order[self.rank :: self.world_size]
+            if mistake != "no worker split":
+                mine = mine[worker::workers]
+            samples = (sample for shard in mine for sample in read_samples(shard))
+            if mistake == "no buffer":
+                yield from samples
+                return
+            rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}")
+            buffer = []
+            for sample in samples:
+                if len(buffer) < self.buffer_size:
+                    buffer.append(sample)
+                    continue
+                index = rng.randrange(self.buffer_size)
+                yield buffer[index]
+                buffer[index] = sample
+            rng.shuffle(buffer)
+            yield from buffer
+
+    return Stream
+
+
+def test_a_right_stream_passes(tiny_dataset, capsys):
+    checks.check_shard_stream(stream_class(), tiny_shards(tiny_dataset))
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    ("mistake", "named"),
+    [
+        ("no worker split", "get_worker_info"),
+        ("no rank split", "[rank::world_size]"),
+        ("rank in the shard seed", "never the rank or the worker"),
+        ("epoch ignored", "set_epoch"),
+        ("no buffer", "shuffle buffer is not mixing"),
+    ],
+)
+def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):
+    with pytest.raises(checks.CheckFailed) as failed:
+        checks.check_shard_stream(stream_class(mistake), tiny_shards(tiny_dataset))
+    assert named in str(failed.value)
+
+
+def every_shard(urls):
+    """A node splitter that gives every rank every shard: the mistake to catch."""
+    return urls
+
+
+def loader_maker(seed_from_epoch=True, splitter=wds.split_by_node, select=None):
+    def make_loader(shards, epoch):
+        dataset = wds.WebDataset(
+            shards,
+            shardshuffle=len(shards),
+            seed=epoch if seed_from_epoch else 0,
+            nodesplitter=splitter,
+            empty_check=False,
+            **({"select_files": select} if select else {}),
+        )
+        dataset = dataset.to_tuple("__key__", "cls").batched(4)
+        return wds.WebLoader(dataset, batch_size=None, num_workers=2)
+
+    return make_loader
+
+
+def test_a_right_webdataset_loader_passes(tiny_dataset, capsys):
+    checks.check_webdataset_loader(
+        loader_maker(select=methodcaller("endswith", ".cls")), tiny_shards(tiny_dataset)
+    )
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    ("maker", "named"),
+    [
+        (loader_maker(splitter=wds.single_node_only), "nodesplitter=wds.split_by_node"),
+        (loader_maker(splitter=every_shard), "both ranks read every shard"),
+        (loader_maker(seed_from_epoch=False), "seed the shard shuffle from the epoch"),
+        (loader_maker(select=lambda name: name.endswith(".cls")), "does not pickle"),
+    ],
+)
+def test_each_webdataset_mistake_is_named(tiny_dataset, maker, named):
+    with pytest.raises(checks.CheckFailed) as failed:
+        checks.check_webdataset_loader(maker, tiny_shards(tiny_dataset))
+    assert named in str(failed.value)
+
+
+CASES.update(
+    {
+        "check_shard_stream": (
+            lambda check, impl, root: check(impl, tiny_shards(root)),
+            stream_class(),
+            [stream_class("no worker split"), stream_class("no buffer")],
+        ),
+        "check_webdataset_loader": (
+            lambda check, impl, root: check(impl, tiny_shards(root)),
+            loader_maker(),
+            [loader_maker(seed_from_epoch=False), loader_maker(splitter=every_shard)],
+        ),
+    }
+)
 
 
 def test_every_check_has_cases():
@@ -613,3 +810,46 @@ def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_data
     )
     with pytest.raises(checks.CheckFailed, match="an open ZipFile"):
         checks.check_spawn_ready(RecipeOfTheHandle(path), manifest)
+
+
+# --- numeric checks say how far off a near miss is ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "got, expected, tolerance, shown",
+    [
+        (20.24, 20.19, 1e-6, "returned 20.24 s, expected 20.19 s (0.25% off; the check allows "),
+        (20.2401, 20.2399, 1e-6, "returned 20.2401 s, expected 20.2399 s (0.00099% off;"),
+        (20.24, 20.19, 1e-3, "(0.25% off; the check allows 0.1%)"),
+        (5, 6, 0, "returned 5 s, expected 6 s (17% off; the check wants it exact)"),
+    ],
+)
+def test_mismatch_shows_digits_that_differ_and_the_relative_error(got, expected, tolerance, shown):
+    assert shown in checks.mismatch(got, expected, "s", tolerance)
+
+
+@pytest.mark.parametrize(
+    "factor, off", [(1.003, "0.3% off"), (0.9999, "0.01% off"), (1 + 3e-6, "0.0003% off")]
+)
+def test_a_near_miss_in_the_cost_model_prints_two_different_numbers(factor, off):
+    def almost(*args):
+        return predict_right(*args) * factor
+
+    with pytest.raises(checks.CheckFailed) as failure:
+        checks.check_predict_epoch_seconds(almost)
+    message = str(failure.value)
+    got, expected = re.search(r"returned ([\d.]+) s, expected ([\d.]+) s", message).groups()
+    assert got != expected
+    assert f"({off}; the check allows 0.0001%)" in message
+
+
+def test_a_near_miss_in_a_count_says_how_far_off_it_is():
+    def one_more(samples_per_worker, batch_size):
+        return full_steps_right(samples_per_worker, batch_size) + 1
+
+    with pytest.raises(checks.CheckFailed, match=r"returned 6, expected 5 \(20% off; the check"):
+        checks.check_common_full_steps(one_more)
+    with pytest.raises(checks.CheckFailed, match=r"% off; the check wants it exact"):
+        checks.check_workers_needed(lambda t, lat, s: costmodel.workers_needed(t, lat, s) + 2)
+    with pytest.raises(checks.CheckFailed, match=r"% off; the check wants it exact"):
+        checks.check_samples_per_shard(lambda *args: samples_per_shard_right(*args) * 2)

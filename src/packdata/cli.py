@@ -182,7 +182,7 @@ def add_shards(verbs):
 
 
 def add_serve(verbs):
-    p = verbs.add_parser("serve", help="run the dataset store service (lesson 5) until Ctrl-C")
+    p = verbs.add_parser("serve", help="run the dataset store service (lesson 6) until Ctrl-C")
     p.add_argument("root", type=Path, help="folder that holds the datasets (created if missing)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8080, help="port (0: any free one)")

@@ -100,12 +100,12 @@ class Comparison:
             ax.set_xlim(left=0)
 
 
-def in_turn(runs, rounds=3, before=None, warmup=True):
+def in_turn(runs, rounds=3, before=None, warmup=True, unit="samples/s"):
     """Run each of ``runs`` (``{name: run}``; ``run()`` returns how many items it handled) once per
     round, taking turns, for ``rounds`` rounds, after one untimed call of each when ``warmup``;
     ``before()``, when given, runs untimed before every timed call (to empty a cache, say), or,
     as ``{name: before}``, before the timed calls of the runs it names. Returns a ``Comparison``
-    of items per second."""
+    of items per second, named ``unit``."""
     if rounds < 2:
         raise ValueError(f"a spread needs at least 2 rounds, got {rounds}")
     if warmup:
@@ -121,7 +121,7 @@ def in_turn(runs, rounds=3, before=None, warmup=True):
             started = time.perf_counter()
             items = run()
             rates[name].append(items / (time.perf_counter() - started))
-    return Comparison(rates)
+    return Comparison(rates, unit)
 
 
 def epochs_of(dataset, **loader_kwargs):

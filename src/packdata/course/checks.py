@@ -5,6 +5,8 @@ starting with ✓ when it is right, and raises :class:`CheckFailed` with a speci
 when it is not.
 """
 
+import math
+import numbers
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -18,6 +20,60 @@ class CheckFailed(AssertionError):
 
 def passed(message):
     print(f"✓ {message}")
+
+
+# relative tolerance of the checks whose answer is a real number (float rounding, nothing more)
+RELATIVE_TOLERANCE = 1e-6
+
+
+def _significant(value, digits):
+    """``value`` with ``digits`` significant digits, in plain notation where that stays short."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    magnitude = math.floor(math.log10(abs(value)))
+    if not -6 <= magnitude < 15:
+        return f"{value:.{digits - 1}e}"
+    return f"{value:.{max(0, digits - 1 - magnitude)}f}"
+
+
+def _percent(fraction):
+    """A positive fraction as a percentage with two significant digits: 0.003 -> '0.3%'."""
+    percent = abs(fraction) * 100
+    if percent >= 10 or percent == 0:
+        return f"{percent:.0f}%"
+    decimals = max(0, 1 - math.floor(math.log10(percent)))
+    return f"{percent:.{decimals}f}".rstrip("0").rstrip(".") + "%"
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def close_enough(got, expected, tolerance=RELATIVE_TOLERANCE):
+    """Whether ``got`` is ``expected`` within a relative ``tolerance``."""
+    return _is_number(got) and abs(got - expected) <= tolerance * abs(expected)
+
+
+def mismatch(got, expected, unit="", tolerance=0):
+    """'returned 20.24 s, expected 20.19 s (0.3% off; the check allows 0.0001%)': both numbers with
+    as many digits as it takes for them to differ on screen, and how far apart they are."""
+    suffix = f" {unit}" if unit else ""
+    if not _is_number(got):
+        return f"returned {got!r:.80}, expected {expected:g}{suffix}"
+    if isinstance(got, numbers.Integral) and isinstance(expected, numbers.Integral):
+        shown = str(got), str(expected)
+    else:
+        shown = next(
+            (
+                (_significant(got, digits), _significant(expected, digits))
+                for digits in range(4, 18)
+                if _significant(got, digits) != _significant(expected, digits)
+            ),
+            (repr(float(got)), repr(float(expected))),
+        )
+    allows = f"the check allows {_percent(tolerance)}" if tolerance else "the check wants it exact"
+    off = f"{_percent((got - expected) / expected)} off" if expected else "expected zero"
+    return f"returned {shown[0]}{suffix}, expected {shown[1]}{suffix} ({off}; {allows})"
 
 
 def check_count_per_class(count_per_class, root):
@@ -142,24 +198,29 @@ def check_predict_epoch_seconds(predict_epoch_seconds):
         expected = predict_time(
             n_files, n_files * mean_bytes, latency, workers * bandwidth, concurrency=workers
         )
-        if abs(got - expected) <= 1e-6 * expected:
+        if close_enough(got, expected):
             continue
         call = (
             f"predict_epoch_seconds({n_files}, {mean_bytes:g}, {latency}, {bandwidth:g}, {workers})"
         )
+        if not _is_number(got):
+            raise CheckFailed(
+                f"{call} {mismatch(got, expected, 's')}: return the seconds, a number."
+            )
         # the mistake whose formula gives the learner's numbers
         follows = [
             hint
             for hint, formula in mistakes
-            if all(
-                abs(predict_epoch_seconds(*c) - formula(*c)) <= 1e-9 * formula(*c) for c in cases
-            )
+            if all(close_enough(predict_epoch_seconds(*c), formula(*c), 1e-9) for c in cases)
         ]
         hint = (
             follows
-            or ["time = requests × latency / workers + total bytes / (workers × bandwidth)."]
+            or [
+                "the epoch is two costs added: the waiting for the requests and the moving of the "
+                "bytes. Check how many of each there are, and which of them the workers overlap."
+            ]
         )[0]
-        raise CheckFailed(f"{call} returned {got:.4g} s, expected {expected:.4g} s: {hint}")
+        raise CheckFailed(f"{call} {mismatch(got, expected, 's', RELATIVE_TOLERANCE)}: {hint}")
     passed("your prediction matches the cost model in every case.")
 
 
@@ -180,7 +241,7 @@ def check_workers_needed(workers_needed):
         if got == expected:
             continue
         call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
-        if not isinstance(got, int):
+        if not isinstance(got, int) or isinstance(got, bool):
             hint = (
                 "a number of workers is a whole number: round up with math.ceil and return an int."
             )
@@ -198,8 +259,11 @@ def check_workers_needed(workers_needed):
                 "keeps it; int(x) + 1 does not."
             )
         else:
-            hint = "one worker delivers 1 / (latency + seconds_per_sample) samples per second."
-        raise CheckFailed(f"{call} returned {got!r}, expected {expected}: {hint}")
+            hint = (
+                "start from the rate of one worker: it waits, then works, for every sample it "
+                "delivers."
+            )
+        raise CheckFailed(f"{call} {mismatch(got, expected)}: {hint}")
     passed("right number of workers in every case.")
 
 
@@ -329,69 +393,9 @@ def check_tar_index(tar_index, tar_path):
     passed(f"all {len(expected)} members indexed: any sample is now one seek and one read away.")
 
 
-def check_upload_shards(upload_shards, root):
-    """Lesson 5: ``upload_shards(client, dataset, paths)`` stores every shard on a
-    ``DatasetService`` and returns their URLs in order; streaming those URLs gives every sample of
-    ``root`` exactly once."""
-    import tempfile
-
-    from ..service import DatasetClient, DatasetService, ServiceError
-    from ..shardwrite import write_shards
-    from ..streaming import ShardDataset
-
-    keys = sorted(sample["key"] for sample in imagefolder.load_manifest(root)["samples"])
-    with (
-        tempfile.TemporaryDirectory() as local,
-        tempfile.TemporaryDirectory() as served,
-        DatasetService(served) as service,
-    ):
-        written = write_shards(root, local, maxcount=max(1, len(keys) // 3), progress=False)
-        paths = [info.path for info in written]
-        client = DatasetClient(service.url)
-        try:
-            urls = upload_shards(client, "exercise", paths)
-        except ServiceError as error:
-            hint = " Create the dataset first: client.create(name)." if error.status == 404 else ""
-            raise CheckFailed(f"The service refused a request: {error}.{hint}") from None
-        if not isinstance(urls, list) or len(urls) != len(paths):
-            raise CheckFailed(
-                f"Return a list with one URL per shard ({len(paths)}), got {urls!r:.200}."
-            )
-        for path, url in zip(paths, urls):
-            if url != client.url_for("exercise", path.name):
-                hint = (
-                    "use the dataset name you are given (the check passes 'exercise'), not a fixed "
-                    "one"
-                    if isinstance(url, str) and url.endswith(f"/{path.name}")
-                    else "return what client.upload gives back"
-                )
-                raise CheckFailed(
-                    f"For {path.name} you returned {url!r}; {hint}: the shard's URL on the service "
-                    f"is {client.url_for('exercise', path.name)}."
-                )
-            stored = service.root / "exercise" / path.name
-            if not stored.is_file() or stored.read_bytes() != path.read_bytes():
-                raise CheckFailed(
-                    f"{path.name} is not on the service with the same bytes: upload every shard."
-                )
-        streamed = sorted(
-            key for _, _, key in ShardDataset(urls, keys=("jpg", "cls", "__key__"), decode=False)
-        )
-    if streamed != keys:
-        raise CheckFailed(
-            f"Streaming your URLs gave {len(streamed)} samples for {len(keys)} in the dataset."
-        )
-    passed(
-        f"{len(paths)} shards uploaded; streaming their URLs gives all {len(keys)} samples exactly "
-        "once."
-    )
-
-
 def check_samples_per_shard(samples_per_shard):
-    """Lesson 5: samples per shard so that each GET reaches ``efficiency`` of the bandwidth, by the
+    """Lesson 6: samples per shard so that each GET reaches ``efficiency`` of the bandwidth, by the
     cost model."""
-    import math
-
     from ..costmodel import size_for_efficiency
 
     cases = [
@@ -412,18 +416,18 @@ def check_samples_per_shard(samples_per_shard):
             )
         if not isinstance(got, int) or isinstance(got, bool):
             raise CheckFailed(
-                f"{call} returned {got!r}: a number of samples is a whole number (round up)."
+                f"{call} {mismatch(got, expected)}: a number of samples is a whole number (round "
+                "up)."
             )
         if got == expected - 1:
             raise CheckFailed(
-                f"{call} returned {got}, one too few: round up, or the shard falls short of "
-                f"{efficiency:.0%}."
+                f"{call} {mismatch(got, expected)}: one too few. Round up, or the shard falls "
+                f"short of {efficiency:.0%}."
             )
         if got != expected:
             raise CheckFailed(
-                f"{call} returned {got}, expected {expected}. Solve size / (size + latency × "
-                "bandwidth) "
-                "= efficiency for the size in bytes, then divide by the bytes per sample."
+                f"{call} {mismatch(got, expected)}. Solve size / (size + latency × bandwidth) = "
+                "efficiency for the size in bytes, then divide by the bytes per sample."
             )
     passed(
         "right shard size for every latency and bandwidth: the slower the round trip, the bigger "
@@ -431,33 +435,172 @@ def check_samples_per_shard(samples_per_shard):
     )
 
 
-def check_shards_for_rank(shards_for_rank):
-    """Lesson 5: ``shards_for_rank(shards, rank, world_size)``: disjoint parts that cover the list,
-    sizes within one."""
-    for count, world_size in [(10, 2), (10, 4), (9, 3), (7, 8), (1000, 7)]:
-        shards = [f"train-{i:06d}.tar" for i in range(count)]
-        parts = [list(shards_for_rank(shards, rank, world_size)) for rank in range(world_size)]
-        call = f"with {count} shards and {world_size} ranks"
-        seen = [shard for part in parts for shard in part]
-        if len(seen) != len(set(seen)):
+def _stage_or_stream(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch_bytes, dataset_bytes):
+    """The reference: stage when the data fits on scratch and the copy plus every epoch from the
+    disk takes less time than every epoch over the network."""
+    if dataset_bytes > scratch_bytes:
+        return "stream"
+    return "stage" if copy_s + epochs * local_epoch_s < epochs * remote_epoch_s else "stream"
+
+
+def check_stage_or_stream(stage_or_stream):
+    """Lesson 6: ``stage_or_stream(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch_bytes,
+    dataset_bytes)`` says "stage" when the data fits on scratch and copying once, then reading
+    locally, beats reading remotely every epoch; else "stream"."""
+    gb = 1e9
+    # (copy_s, remote_epoch_s, local_epoch_s, epochs, scratch_bytes, dataset_bytes)
+    cases = [
+        (60, 30, 10, 5, 1000 * gb, 100 * gb),  # 110 s against 150 s: stage
+        (60, 30, 10, 2, 1000 * gb, 100 * gb),  # 80 s against 60 s: stream
+        (60, 30, 10, 5, 50 * gb, 100 * gb),  # staging would pay, but it does not fit
+        (60, 30, 10, 1, 1000 * gb, 100 * gb),  # one epoch: the copy is pure cost
+        (100, 30, 10, 10, 1000 * gb, 100 * gb),  # pays back only over several epochs
+        (20, 12, 11, 50, 2000 * gb, 1500 * gb),  # a small saving, many epochs, a big dataset
+        (30, 10, 12, 100, 1000 * gb, 1 * gb),  # the remote store is faster than the disk
+    ]
+    # (what a learner whose answers follow this rule in every case got wrong, the rule)
+    mistakes = [
+        (
+            "you return 'stage' where streaming is quicker, and the other way round.",
+            lambda *case: {"stage": "stream", "stream": "stage"}[_stage_or_stream(*case)],
+        ),
+        (
+            "staging needs room: when the dataset is bigger than the scratch disk there is "
+            "nothing to decide, however much time staging would save.",
+            lambda c, r, loc, e, scratch, size: _stage_or_stream(c, r, loc, e, size, size),
+        ),
+        (
+            "you left out the copy: reading from the disk saves time in every epoch, but only "
+            "after the copy has been paid for.",
+            lambda c, r, loc, e, scratch, size: _stage_or_stream(0, r, loc, e, scratch, size),
+        ),
+        (
+            "the copy is paid once, and the saving comes in every epoch: compare the whole job, "
+            "all of its epochs, not one epoch.",
+            lambda c, r, loc, e, scratch, size: _stage_or_stream(c, r, loc, 1, scratch, size),
+        ),
+        (
+            "fitting on scratch is not enough: staging must also save time, and it does not "
+            "when there are few epochs, or when the disk is no faster than the network.",
+            lambda c, r, loc, e, scratch, size: "stage" if size <= scratch else "stream",
+        ),
+    ]
+    for case in cases:
+        got, expected = stage_or_stream(*case), _stage_or_stream(*case)
+        if got == expected:
+            continue
+        copy_s, remote_s, local_s, epochs, scratch, size = case
+        call = (
+            f"stage_or_stream({copy_s}, {remote_s}, {local_s}, {epochs}, {scratch / gb:g}e9, "
+            f"{size / gb:g}e9)"
+        )
+        if got not in ("stage", "stream"):
             raise CheckFailed(
-                f"{call}, some shard goes to two ranks: both would train on its samples."
+                f"{call} returned {got!r}: return the string 'stage' or the string 'stream'."
             )
-        if set(seen) != set(shards):
-            raise CheckFailed(
-                f"{call}, {len(shards) - len(set(seen))} shards go to no rank: their samples are "
-                "never trained on."
-            )
-        sizes = sorted(len(part) for part in parts)
-        if sizes[-1] - sizes[0] > 1:
-            raise CheckFailed(
-                f"{call}, the ranks get {sizes[0]} to {sizes[-1]} shards: the busiest rank sets "
-                "the pace "
-                "while the others wait. Deal the shards out like cards: every world_size-th one."
-            )
+        follows = [
+            hint
+            for hint, rule in mistakes
+            if all(stage_or_stream(*other) == rule(*other) for other in cases)
+        ]
+        staged, streamed = copy_s + epochs * local_s, epochs * remote_s
+        fits = "fits on" if size <= scratch else "does not fit on"
+        hint = (
+            follows
+            or [
+                f"here staging takes {staged:g} s for the whole job, streaming {streamed:g} s, "
+                f"and the {size / gb:g} GB dataset {fits} {scratch / gb:g} GB of scratch."
+            ]
+        )[0]
+        raise CheckFailed(f"{call} returned {got!r}, expected {expected!r}: {hint}")
     passed(
-        "every shard goes to exactly one rank, and no rank gets more than one shard more than "
-        "another."
+        "stage only when the data fits and the copy pays for itself within the job's epochs; "
+        "stream otherwise."
+    )
+
+
+def _common_full_steps(samples_per_worker, batch_size):
+    """The reference: each worker's full batches, added up per rank; the fewest over the ranks."""
+    return min(sum(n // batch_size for n in rank) for rank in samples_per_worker)
+
+
+def check_common_full_steps(common_full_steps):
+    """Lesson 6: ``common_full_steps(samples_per_worker, batch_size)``, where
+    ``samples_per_worker[rank][worker]`` is what each DataLoader worker of each rank streams, is
+    the number of full batches (``drop_last=True``) that every rank can run."""
+    cases = [
+        ([[100, 100], [100, 90]], 32),
+        ([[50, 50], [60, 60]], 32),
+        ([[70, 70], [64, 64], [80, 40]], 16),
+        ([[33, 31]], 16),
+        ([[12, 12, 12, 12], [16, 16, 8, 8]], 8),
+        ([[40, 40], [24, 24]], 8),
+    ]
+
+    def full(n, batch_size):
+        return n // batch_size
+
+    def short_too(n, batch_size):
+        return -(-n // batch_size)
+
+    # (what a learner whose answers follow this rule in every case got wrong, the rule)
+    mistakes = [
+        (
+            "you took the most full batches of any rank: the ranks with fewer run out first, and "
+            "the others then wait for them in the next gradient all-reduce. Take the fewest.",
+            lambda ranks, b: max(sum(full(n, b) for n in rank) for rank in ranks),
+        ),
+        (
+            "that is rank 0's own count: every rank must stop after the same number of steps, "
+            "the number the rank with the fewest full batches can run.",
+            lambda ranks, b: sum(full(n, b) for n in ranks[0]),
+        ),
+        (
+            "you pooled each rank's samples into its batches (samples // batch_size per rank). "
+            "But each DataLoader worker batches its own samples, and drop_last=True drops each "
+            "worker's short last batch: count the full batches worker by worker.",
+            lambda ranks, b: min(full(sum(rank), b) for rank in ranks),
+        ),
+        (
+            "you counted each worker's short last batch: drop_last=True drops it. Round down.",
+            lambda ranks, b: min(sum(short_too(n, b) for n in rank) for rank in ranks),
+        ),
+        (
+            "you shared all the samples out among the ranks; but a rank can only run the batches "
+            "its own workers deliver. Count per rank, then take the fewest.",
+            lambda ranks, b: full(sum(map(sum, ranks)), b * len(ranks)),
+        ),
+    ]
+    for samples_per_worker, batch_size in cases:
+        got = common_full_steps([list(rank) for rank in samples_per_worker], batch_size)
+        expected = _common_full_steps(samples_per_worker, batch_size)
+        if got == expected and isinstance(got, int) and not isinstance(got, bool):
+            continue
+        call = f"common_full_steps({samples_per_worker}, {batch_size})"
+        if got == expected:
+            raise CheckFailed(
+                f"{call} returned {got!r}, a {type(got).__name__}: a number of steps is a whole "
+                "number, an int (// divides to one)."
+            )
+        follows = [
+            hint
+            for hint, rule in mistakes
+            if all(
+                common_full_steps([list(r) for r in ranks], b) == rule(ranks, b)
+                for ranks, b in cases
+            )
+        ]
+        hint = (
+            follows
+            or [
+                "count the full batches each worker delivers, add them up per rank, and every "
+                "rank can run as many steps as the rank with the fewest."
+            ]
+        )[0]
+        raise CheckFailed(f"{call} {mismatch(got, expected)}: {hint}")
+    passed(
+        "full batches counted worker by worker, and every rank stops after as many steps as the "
+        "rank with the fewest: no rank waits for another in the all-reduce."
     )
 
 
@@ -649,6 +792,186 @@ def check_shuffle_buffer(shuffle_buffer, shards):
         f"{samples:,} samples exactly "
         "once per epoch, in a new order in the next epoch."
     )
+
+
+def _keys_by_rank(stream_class, shards, epoch, world_size=2, num_workers=3):
+    """The first field of every item that ``stream_class`` yields in ``epoch``, per rank, read
+    by ``num_workers`` real, forked DataLoader workers (a class from a notebook reaches them so)."""
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    keys = []
+    for rank in range(world_size):
+        dataset = stream_class(shards, rank=rank, world_size=world_size, seed=0, buffer_size=100)
+        dataset.set_epoch(epoch)
+        fork = "fork" if num_workers else None
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+            loader = DataLoader(
+                dataset, batch_size=None, num_workers=num_workers, multiprocessing_context=fork
+            )
+            keys.append([item[0] for item in loader])
+    return keys
+
+
+def _duplicates_explained(per_rank, expected):
+    """Why samples arrived more than once or not at all, in words, or None."""
+    within = [len(keys) - len(set(keys)) for keys in per_rank]
+    everyone = [key for keys in per_rank for key in keys]
+    if all(set(Counter(keys).values()) == {3} for keys in per_rank):
+        return (
+            "every worker of a rank read all of that rank's shards (each sample 3 times per "
+            "rank): split the shards between workers with get_worker_info()."
+        )
+    if any(within):
+        return (
+            f"within one rank, {max(within)} samples arrived twice: the workers' parts overlap. "
+            "Split the rank's shards with [worker::num_workers], after the split by rank."
+        )
+    if len(everyone) == 2 * expected and len(set(everyone)) == expected:
+        return (
+            "every rank read every shard (each sample once per rank, twice in all): split the "
+            "shards between ranks first, with [rank::world_size]."
+        )
+    if len(set(everyone)) < expected:
+        return (
+            f"{expected - len(set(everyone))} of {expected} samples never arrived: the ranks or "
+            "workers shuffled the shard list differently. Shuffle it with the same seed and epoch "
+            "everywhere (never the rank or the worker), then split."
+        )
+    return None
+
+
+def _shard_neighbours(keys, shards, window=3):
+    """The share of items whose successor in their shard follows within ``window`` places (3
+    workers take turns, so a worker's consecutive items lie 3 apart)."""
+    from ..shardread import iter_shard_samples
+
+    following, previous = {}, None
+    for sample in iter_shard_samples(shards):
+        if previous is not None and previous["__url__"] == sample["__url__"]:
+            following[previous["__key__"]] = sample["__key__"]
+        previous = sample
+    close = sum(following.get(key) in keys[i + 1 : i + 1 + window] for i, key in enumerate(keys))
+    return close / max(len(keys), 1)
+
+
+def check_shard_stream(stream_class, shards):
+    """Lesson 4: ``stream_class(shards, rank, world_size, seed, buffer_size)``, an
+    ``IterableDataset`` with ``set_epoch``, streams every sample exactly once per epoch across 2
+    ranks × 3 workers, in a new order each epoch, shuffled within shards too."""
+    from ..layout import expand_shards
+    from ..shardread import count_shard_samples
+
+    expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
+    alone = _keys_by_rank(stream_class, shards, epoch=0, world_size=1, num_workers=0)[0]
+    if sorted(alone) != sorted(set(alone)) or len(alone) != expected:
+        raise CheckFailed(
+            f"one rank, no workers: {len(alone)} items, {len(set(alone))} distinct, of "
+            f"{expected} samples. Start there: with no workers, get_worker_info() is None "
+            "(worker 0 of 1)."
+        )
+    epochs = [_keys_by_rank(stream_class, shards, epoch) for epoch in (0, 1)]
+    for epoch, per_rank in enumerate(epochs):
+        reason = _duplicates_explained(per_rank, expected)
+        if reason:
+            raise CheckFailed(f"epoch {epoch}, 2 ranks × 3 workers: {reason}")
+    if [set(keys) for keys in epochs[0]] == [set(keys) for keys in epochs[1]]:
+        raise CheckFailed(
+            "every rank got the same shards in epochs 0 and 1: mix the epoch from set_epoch into "
+            "the seed of the shard shuffle, so that each epoch deals the shards anew."
+        )
+    together = _shard_neighbours(epochs[0][0], shards)
+    if together > 0.5:
+        raise CheckFailed(
+            f"{together:.0%} of the samples arrived right after their neighbour in the shard: the "
+            "shuffle buffer is not mixing. Fill it first, then yield a random one for each new "
+            "sample."
+        )
+    passed(
+        f"2 ranks × 3 workers streamed all {expected:,} samples exactly once per epoch, in a new "
+        f"order each epoch, {together:.0%} of neighbours still together."
+    )
+
+
+# --- lesson 5: webdataset -------------------------------------------------------------------------
+
+
+def _dataset_of(loader):
+    """What a ``DataLoader`` (or a ``WebLoader`` around one) sends to each worker process."""
+    from torch.utils.data import DataLoader
+
+    if isinstance(loader, DataLoader):
+        return loader.dataset
+    inner = [stage for stage in getattr(loader, "pipeline", ()) if isinstance(stage, DataLoader)]
+    if not inner:
+        raise CheckFailed(
+            f"make_loader returned a {type(loader).__name__}: return a wds.WebLoader (or a "
+            "DataLoader) with 2 workers."
+        )
+    return inner[0].dataset
+
+
+def _webdataset_keys(make_loader, shards, epoch, rank):
+    """The keys rank ``rank`` of 2 gets from ``make_loader(shards, epoch)``, under the variables
+    torchrun would set."""
+    import os
+    import pickle
+
+    loader = make_loader(shards, epoch)
+    try:
+        pickle.dumps(_dataset_of(loader))
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise CheckFailed(
+            f"the pipeline does not pickle ({error}): spawn and forkserver workers would fail. "
+            "Use functions defined in a module, or operator.itemgetter/methodcaller, not lambdas."
+        ) from None
+    saved = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE")}
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    try:
+        return [key for batch in loader for key in batch[0]]
+    except ValueError as error:
+        if "nodesplitter" in str(error):
+            raise CheckFailed(
+                "webdataset refused to run on rank 0 of 2: give it a nodesplitter "
+                "(nodesplitter=wds.split_by_node)."
+            ) from None
+        raise
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
+
+
+def check_webdataset_loader(make_loader, shards):
+    """Lesson 5: ``make_loader(shards, epoch)`` returns a ``WebLoader`` of ``(keys, labels)``
+    batches that, as 2 ranks, delivers every sample once per epoch, in a new shard order."""
+    from ..layout import expand_shards
+    from ..shardread import count_shard_samples
+
+    expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
+    epochs = [[_webdataset_keys(make_loader, shards, e, rank) for rank in (0, 1)] for e in (0, 1)]
+    for epoch, per_rank in enumerate(epochs):
+        everyone = per_rank[0] + per_rank[1]
+        if len(everyone) == 2 * expected and len(set(everyone)) == expected:
+            raise CheckFailed(
+                f"epoch {epoch}: both ranks read every shard. nodesplitter=wds.split_by_node "
+                "gives each rank its own."
+            )
+        if len(everyone) != expected or len(set(everyone)) != expected:
+            raise CheckFailed(
+                f"epoch {epoch}: {len(everyone)} samples arrived, {len(set(everyone))} distinct, "
+                f"of {expected}."
+            )
+    if epochs[0] == epochs[1]:
+        raise CheckFailed(
+            "epochs 0 and 1 came in the same order: seed the shard shuffle from the epoch "
+            "(a new WebDataset per epoch, seed=epoch)."
+        )
+    passed(f"2 ranks read all {expected:,} samples once per epoch, in a new order each epoch.")
 
 
 # --- lesson 3: per-worker file handles ------------------------------------------------------------
