@@ -9,8 +9,21 @@ checks, account lookups) carries no such initiator and is ignored.
 
 "Reveal initialised" means reveal.js ran: it marks its ``<div class="reveal">`` as ``ready``
 and adds its controls, both absent from the HTML that nbconvert writes.
+
+``test_deck_fits_the_screen`` renders every lesson's deck, executed, at 1280x720 (the smallest
+projector we plan for) and visits each slide with every fragment shown. It fails when an element
+reaches past the slide's canvas to the left, right or bottom, when a code or output box (a
+``<pre>``) has to scroll sideways (its ``scrollWidth`` exceeds its ``clientWidth``), when any box
+has to scroll vertically (no output is allowed a fixed height with a scrollbar: make the output
+shorter in the lesson; tracebacks and warnings wrap their long lines instead of scrolling sideways,
+see ``DECK_CSS``), or when visible text is drawn smaller than 14 px on the screen (its CSS
+size times reveal's scale). It names the deck, the slide (reveal's ``h.v`` number, 1-based, and
+its ``#/h/v`` address) and the offending element. The decks are those in ``build/slides/`` when
+they are newer than their lesson and than ``packdata.course.slides`` (``make slides`` builds
+them); otherwise the test builds and executes the lesson itself, which takes minutes.
 """
 
+import html
 import json
 import re
 import shutil
@@ -39,8 +52,9 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-    "--virtual-time-budget=5000",
 ]
+SCREEN = (1280, 720)
+MIN_TEXT_PX = 14
 
 FIXTURE = """\
 <!-- #region slideshow={"slide_type": "slide"} -->
@@ -125,10 +139,11 @@ def serve(folder):
     return server, requested
 
 
-def chromium(*args):
+def chromium(*args, budget_ms=5000):
     """Run headless Chromium with a fresh profile; return its stdout."""
     with tempfile.TemporaryDirectory() as profile:
-        cmd = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+        flags = [*CHROMIUM_FLAGS, f"--virtual-time-budget={budget_ms}"]
+        cmd = [CHROMIUM, *flags, f"--user-data-dir={profile}", *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
@@ -193,3 +208,162 @@ def test_lesson_scrolls_when_presented_live(lesson):
     assert notebook.metadata.get("rise", {}).get("scroll") is True, (
         f"add 'rise: scroll: true' to {lesson}.md"
     )
+
+
+# Injected into a copy of a deck: once reveal.js is ready, visit every slide with every fragment
+# shown, measure it and write the findings as JSON into <pre id="fit-report">.
+FIT_SCRIPT = """
+<script>
+require(["vendor/reveal.js/dist/reveal.js"], function (Reveal) {
+  var MIN_PX = %(min_px)s;
+  // Boxes whose overflow is reported; of nested ones only the innermost that overflows.
+  var BOXES = "h1, h2, h3, h4, p, li, pre, img, svg, table, blockquote, .MathJax_Display, " +
+    ".jp-OutputArea-output, .jp-Cell, .jp-RenderedHTMLCommon";
+  function describe(el) {
+    var name = el.tagName.toLowerCase();
+    var cls = (el.getAttribute("class") || "").trim().split(/\\s+/).filter(Boolean).slice(0, 2);
+    if (cls.length) name += "." + cls.join(".");
+    var text = (el.textContent || el.getAttribute("alt") || "").replace(/\\s+/g, " ").trim();
+    return name + (text ? " '" + text.slice(0, 60) + "'" : "");
+  }
+  function hidden(el) {
+    if (!el.getClientRects().length) return true;
+    var style = getComputedStyle(el);
+    return style.visibility === "hidden" || el.closest("aside.notes, .MJX_Assistive_MathML");
+  }
+  function measure(slide) {
+    var canvas = document.querySelector(".reveal .slides").getBoundingClientRect();
+    var scale = Reveal.getScale();
+    var problems = [];
+    var flagged = new Map();
+    slide.querySelectorAll(BOXES).forEach(function (el) {
+      if (hidden(el)) return;
+      var r = el.getBoundingClientRect(), why = [];
+      if (r.left < canvas.left - 1) why.push("reaches past the left edge by " +
+        Math.round((canvas.left - r.left) / scale) + " px");
+      if (r.right > canvas.right + 1) why.push("reaches past the right edge by " +
+        Math.round((r.right - canvas.right) / scale) + " px");
+      if (r.bottom > canvas.bottom + 1) why.push("reaches past the bottom by " +
+        Math.round((r.bottom - canvas.bottom) / scale) + " px");
+      if (el.tagName === "PRE" && el.scrollWidth > el.clientWidth + 1)
+        why.push("scrolls sideways (" + el.scrollWidth + " > " + el.clientWidth + " px)");
+      var oy = getComputedStyle(el).overflowY;
+      if ((oy === "auto" || oy === "scroll") && el.scrollHeight > el.clientHeight + 1)
+        why.push("scrolls vertically (" + el.scrollHeight + " > " + el.clientHeight + " px)");
+      if (why.length) flagged.set(el, why);
+    });
+    flagged.forEach(function (why, el) {
+      var inner = false;
+      flagged.forEach(function (other_why, other) {
+        if (other !== el && el.contains(other)) inner = true;
+      });
+      if (!inner) problems.push(describe(el) + ": " + why.join(", "));
+    });
+    var small = new Set();
+    var walker = document.createTreeWalker(slide, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      var el = walker.currentNode.parentElement;
+      if (!walker.currentNode.textContent.trim() || small.has(el) || hidden(el)) continue;
+      var px = parseFloat(getComputedStyle(el).fontSize) * scale;
+      if (px < MIN_PX - 0.01) {
+        small.add(el);
+        problems.push(describe(el) + ": text of " + px.toFixed(1) + " px < " + MIN_PX + " px");
+      }
+    }
+    return problems;
+  }
+  function finish(report) {
+    var out = document.createElement("pre");
+    out.id = "fit-report";
+    out.style.display = "none";
+    out.textContent = JSON.stringify(report);
+    document.body.appendChild(out);
+  }
+  function run() {
+    Reveal.configure({transition: "none", backgroundTransition: "none", fragments: false});
+    var places = [];
+    Reveal.getHorizontalSlides().forEach(function (top, h) {
+      var stack = top.querySelectorAll(":scope > section");
+      for (var v = 0; v < Math.max(stack.length, 1); v++) places.push([h, v]);
+    });
+    var report = {scale: Reveal.getScale(), viewport: [innerWidth, innerHeight], slides: []};
+    function visit(i) {
+      if (i === places.length) return finish(report);
+      Reveal.slide(places[i][0], places[i][1]);
+      Reveal.layout();
+      setTimeout(function () {
+        var h = places[i][0], v = places[i][1];
+        report.slides.push({h: h, v: v, problems: measure(Reveal.getCurrentSlide())});
+        visit(i + 1);
+      }, 150);
+    }
+    visit(0);
+  }
+  if (Reveal.isReady()) run(); else Reveal.addEventListener("ready", run);
+});
+</script>
+"""
+
+
+def fresh_deck(lesson):
+    """The deck that ``make slides`` built for ``lesson`` when it is newer than the lesson and
+    the deck builder; else None."""
+    deck = ROOT / "build" / "slides" / f"{lesson.stem}.slides.html"
+    sources = [lesson, ROOT / "src" / "packdata" / "course" / "slides.py"]
+    if deck.exists() and all(deck.stat().st_mtime > path.stat().st_mtime for path in sources):
+        return deck
+    return None
+
+
+def fit_report(deck, folder):
+    """Render ``deck`` in a SCREEN-sized viewport with FIT_SCRIPT; return ``[(slide, problems)]``.
+
+    Headless Chromium's ``--window-size`` includes the window's own chrome, whose height varies
+    between versions: the first render measures the viewport, and a second one, when needed, grows
+    the window so that the page itself gets exactly SCREEN."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / deck.name
+    probe.write_text(
+        deck.read_text(encoding="utf-8") + FIT_SCRIPT % {"min_px": MIN_TEXT_PX}, encoding="utf-8"
+    )
+    if not (folder / "vendor").exists():
+        (folder / "vendor").symlink_to(deck.parent / "vendor", target_is_directory=True)
+    window = list(SCREEN)
+    server, _ = serve(folder)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/{probe.name}"
+        for _ in range(2):
+            dom = chromium(
+                "--dump-dom", "--window-size={},{}".format(*window), url, budget_ms=60_000
+            )
+            found = re.search(r'<pre id="fit-report"[^>]*>(.*?)</pre>', dom, re.DOTALL)
+            assert found, f"{deck.name}: the fit probe wrote no report (did reveal.js start?)"
+            report = json.loads(html.unescape(found.group(1)))
+            if report["viewport"] == list(SCREEN):
+                break
+            window = [w + s - v for w, s, v in zip(window, SCREEN, report["viewport"])]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert report["viewport"] == list(SCREEN), f"viewport {report['viewport']}, not {SCREEN}"
+    return [
+        (f"slide {s['h'] + 1}.{s['v'] + 1} (#/{s['h']}/{s['v']})", s["problems"])
+        for s in report["slides"]
+    ]
+
+
+@pytest.mark.parametrize("lesson", LESSONS[1:])
+def test_deck_fits_the_screen(lesson, tmp_path):
+    source = ROOT / "notebooks" / f"{lesson}.md"
+    deck = fresh_deck(source)
+    if deck is None:
+        folder = tmp_path / "notebooks"
+        folder.mkdir()
+        shutil.copy(source, folder / source.name)
+        (deck,) = build_slides(folder, tmp_path / "slides", execute=True)
+    slides = fit_report(deck, tmp_path / "probe")
+    assert slides, f"{deck.name}: no slides measured"
+    misfits = [
+        f"{deck.name} {slide}: {problem}" for slide, problems in slides for problem in problems
+    ]
+    assert not misfits, "\n".join(misfits)

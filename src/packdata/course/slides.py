@@ -49,18 +49,69 @@ REMOTE_ASSET = re.compile(
 CSS_REMOTE_IMPORT = re.compile(r"@import url\((?:https?:)?//[^)]*\);\s*")
 
 
+# The reveal.js canvas, in CSS pixels: the size of the smallest screen the decks must fit, a
+# 1280x720 projector, so that a slide is drawn at almost its own size there (reveal scales the
+# canvas to the window, less DECK_MARGIN of it on each side: 0.98 at 1280x720).
+DECK_SIZE = (1280, 720)
+DECK_MARGIN = 0.02
+# Sizes for that canvas. The lessons' visible code cells have at most 90 columns and 20 lines
+# (tests/test_slide_fit.py); at 15 px DejaVu Sans Mono they take 815 x 360 px, and every text is
+# at least 14 px on a 1280x720 screen (15 x 0.98 = 14.7). The execution counts in front of each
+# cell ("In [3]:") would take 110 px of every line and teach nothing on a slide: hidden.
+DECK_CSS = """
+:root {
+  --jp-code-font-size: 15px;
+  --jp-code-line-height: 1.2;
+  --jp-content-font-size1: 20px;
+  --jp-ui-font-size1: 18px;
+  --jp-cell-prompt-width: 0px;
+}
+.reveal { font-size: 20px; }
+.reveal h1 { font-size: 44px; }
+.reveal h2 { font-size: 34px; }
+.reveal h3 { font-size: 26px; }
+.reveal .jp-InputPrompt, .reveal .jp-OutputPrompt { display: none; }
+.reveal .jp-RenderedHTMLCommon { font-size: 20px; line-height: 1.35; }
+.reveal .jp-RenderedHTMLCommon p, .reveal .jp-RenderedHTMLCommon ul,
+.reveal .jp-RenderedHTMLCommon ol { margin-bottom: 0.5em; }
+.reveal .jp-RenderedHTMLCommon code { font-size: 18px; }
+.reveal .jp-RenderedHTMLCommon table { font-size: 18px; }
+.reveal div.highlight > pre, .reveal div.jp-OutputArea-output > pre {
+  width: auto;
+  padding: 4px 6px;
+  font-size: var(--jp-code-font-size);
+  line-height: var(--jp-code-line-height);
+  white-space: pre;
+  overflow-x: auto;
+}
+/* tracebacks and warnings carry long paths: they wrap instead of scrolling sideways */
+.reveal div.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"] > pre {
+  white-space: pre-wrap;
+  overflow-wrap: anywhere;
+}
+.reveal .jp-Cell { padding: 2px 0; }
+.reveal section img { max-height: 440px; width: auto; }
+"""
+
+
+def fit_to_screen(html):
+    """Add DECK_CSS after the theme's styles and DECK_MARGIN to reveal's settings."""
+    html = html.replace("</head>", f'<style id="deck-fit">{DECK_CSS}</style>\n</head>', 1)
+    return html.replace("Reveal.initialize({", f"Reveal.initialize({{\n  margin: {DECK_MARGIN},", 1)
+
+
 def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
     """Write one ``NN_topic.slides.html`` deck per ``NN_*.md`` lesson; return their paths."""
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     offline = vendor_assets(out_dir / "vendor", Path(npm_prefix or DEFAULT_NPM_PREFIX))
-    # images travel inside the deck; long slides scroll; a 16:9 canvas wide enough for 100-column
-    # code
+    # images travel inside the deck; a slide taller than the canvas scrolls (a last resort: the
+    # browser test in tests/test_slides.py fails on it); the canvas is DECK_SIZE, see DECK_CSS
     traits = {
         "embed_images": True,
         "reveal_scroll": True,
-        "reveal_width": "1400",
-        "reveal_height": "790",
+        "reveal_width": str(DECK_SIZE[0]),
+        "reveal_height": str(DECK_SIZE[1]),
     }
     if offline:
         traits.update(OFFLINE_TRAITS, template_file=str(TEMPLATE))
@@ -77,6 +128,7 @@ def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
                 resources=resources,
             ).execute()
         html, _ = SlidesExporter(**traits).from_notebook_node(nb, resources=resources)
+        html = fit_to_screen(html)
         if offline:
             check_offline(html, lesson)
         deck = out_dir / f"{lesson.stem}.slides.html"
