@@ -126,7 +126,8 @@ def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
                 kernel_name="python3",
                 store_widget_state=False,  # widget state would pull the widget renderer from a CDN
                 resources=resources,
-            ).execute()
+            ).execute(stderr=subprocess.DEVNULL)  # the kernel's own stderr: lesson 3's worker
+            # processes print their intended tracebacks there; the deck shows what cells print
         html, _ = SlidesExporter(**traits).from_notebook_node(nb, resources=resources)
         html = fit_to_screen(html)
         if offline:
