@@ -49,8 +49,8 @@ def fetch_shard(shard):
 
 def mapped(path):
     """A local file's bytes, mapped read-only from the page cache: slicing copies just the slice, so
-    a sample's bytes are copied once, where reading the file first would copy every byte twice (on
-    the ImageNet-sized photos the reader runs about 1.6 times as fast). Like any mapping, it
+    a sample's bytes are copied once, where reading the file first would copy every byte twice
+    (``make bench`` measures what that is worth on the photos). Like any mapping, it
     assumes nobody truncates the file while it is read: shards are replaced whole, never
     rewritten in place."""
     with open(path, "rb") as file:
