@@ -1,11 +1,15 @@
-"""The slide decks open offline in headless Chromium.
+"""The slide decks, and RISE in JupyterLab, present offline in headless Chromium.
 
 Each deck is served from a loopback HTTP server while Chromium runs with every other host mapped
 to an unresolvable name, so nothing can leave the machine. Chromium also writes its network log
 (``--log-net-log``), which lists every request it started, including the ones that failed to
-resolve. Requests whose initiator is the deck's origin are the deck's own (its scripts, styles,
-fonts); the test asserts they all went to that origin. Chromium's background traffic (update
-checks, account lookups) carries no such initiator and is ignored.
+resolve. A request belongs to the page when its network isolation key names the page's site as the
+top frame: the page's own scripts, styles, fonts, frames and sockets, whoever initiated them.
+Every such request must go to a loopback address or stay on the machine (``file:``, ``data:``,
+``blob:``). Chromium's background traffic (update checks, account lookups) is keyed to other
+sites and ignored. The same check runs on the executed decks in ``test_deck_fits_the_screen`` and
+on a RISE slideshow served by ``jupyter lab`` with the settings that ``packdata lab-settings``
+writes (``test_rise_presents_offline``): RISE's default reveal theme imports Google Fonts.
 
 "Reveal initialised" means reveal.js ran: it marks its ``<div class="reveal">`` as ``ready``
 and adds its controls, both absent from the HTML that nbconvert writes.
@@ -34,9 +38,11 @@ from functools import partial
 from html.parser import HTMLParser
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import jupytext
 import pytest
+from labserver import lab_server
 
 from packdata.course.slides import build_slides
 
@@ -51,8 +57,14 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # Chromium asks Google about the forms of a page it shows (Lab has some), keyed to that page
+    "--disable-features=AutofillServerCommunication",
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
 ]
+# The site (scheme and host, no port) of every page the tests open, and where requests may go.
+PAGE_SITE = "http://127.0.0.1"
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+LOCAL_SCHEMES = {"file", "data", "blob"}
 SCREEN = (1280, 720)
 MIN_TEXT_PX = 14
 
@@ -147,11 +159,36 @@ def chromium(*args, budget_ms=5000):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
-def deck_requests(net_log, origin):
-    """URLs of the requests that the page at ``origin`` started, from a Chromium network log."""
-    events = json.loads(net_log.read_text())["events"]
-    params = [event.get("params", {}) for event in events]
-    return [p["url"] for p in params if "url" in p and p.get("initiator") == origin]
+def page_requests(net_log, site=PAGE_SITE):
+    """URLs of every request Chromium started for pages whose top frame is on ``site``, from its
+    network log."""
+    log = json.loads(net_log.read_text())
+    start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    urls = []
+    for event in log["events"]:
+        params = event.get("params", {})
+        if event["type"] == start_job and "url" in params:
+            top_frame_site = params.get("network_isolation_key", "").split(" ")[0]
+            if top_frame_site == site:
+                urls.append(params["url"])
+    return urls
+
+
+def leaves_the_machine(url):
+    """True when ``url`` is neither on a loopback address nor local to the browser."""
+    parts = urlsplit(url)
+    return parts.scheme not in LOCAL_SCHEMES and parts.hostname not in LOOPBACK_HOSTS
+
+
+def assert_offline(net_log, expected):
+    """The pages logged in ``net_log`` requested ``expected`` (a URL ending) and nothing outside
+    the machine."""
+    urls = page_requests(net_log)
+    assert any(url.split("?")[0].endswith(expected) for url in urls), (
+        f"the network log shows no request for {expected}: {urls[:5]}"
+    )
+    outside = sorted({url for url in urls if leaves_the_machine(url)})
+    assert not outside, f"requests that leave the machine: {outside}"
 
 
 @pytest.fixture(scope="module", params=LESSONS)
@@ -191,11 +228,7 @@ def test_deck_runs_offline(lesson, tmp_path):
     counter.feed(dom)
     assert counter.inner == expected_slides(lesson)
 
-    urls = deck_requests(net_log, origin)
-    assert any(u.endswith("/vendor/reveal.js/dist/reveal.js") for u in urls), (
-        "network log shows no deck requests"
-    )
-    assert [u for u in urls if not u.startswith(origin + "/")] == []
+    assert_offline(net_log, "/vendor/reveal.js/dist/reveal.js")
     assert f"/{deck.name}" in requested
 
     assert screenshot.stat().st_size > 10_000
@@ -208,6 +241,49 @@ def test_lesson_scrolls_when_presented_live(lesson):
     assert notebook.metadata.get("rise", {}).get("scroll") is True, (
         f"add 'rise: scroll: true' to {lesson}.md"
     )
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """``jupyter lab`` on loopback with the course's settings, serving a folder with the fixture
+    lesson; yields ``(base URL, token)``."""
+    home = tmp_path_factory.mktemp("lab")
+    root = home / "root"
+    root.mkdir()
+    (root / "00_fixture.md").write_text(FIXTURE)
+    with lab_server(root, home) as server:
+        yield server
+
+
+def test_rise_presents_offline(lab, tmp_path):
+    """RISE's slideshow, as the Lab preview shows it, with the theme our Lab settings choose."""
+    base, token = lab
+    net_log = tmp_path / "net.json"
+    dom = chromium(
+        f"--log-net-log={net_log}",
+        "--dump-dom",
+        "--window-size=1280,720",
+        f"{base}/rise/00_fixture.md?token={token}",
+        budget_ms=60_000,
+    )
+    assert re.search(r'<div class="[^"]*\breveal\b[^"]*\bready\b', dom), "RISE did not start"
+    assert "Fixture deck" in dom
+    assert_offline(net_log, "/static/rise/bundle.js")
+
+
+def test_lab_opens_a_lesson_offline(lab, tmp_path):
+    """JupyterLab itself, opening a lesson as a notebook (the settings make .md a notebook)."""
+    base, token = lab
+    net_log = tmp_path / "net.json"
+    dom = chromium(
+        f"--log-net-log={net_log}",
+        "--dump-dom",
+        "--window-size=1280,720",
+        f"{base}/lab/tree/00_fixture.md?token={token}",
+        budget_ms=60_000,
+    )
+    assert "jp-NotebookPanel" in dom, "Lab did not open the lesson as a notebook"
+    assert_offline(net_log, "/lab/tree/00_fixture.md")
 
 
 # Injected into a copy of a deck: once reveal.js is ready, visit every slide with every fragment
@@ -317,6 +393,7 @@ def fresh_deck(lesson):
 
 def fit_report(deck, folder):
     """Render ``deck`` in a SCREEN-sized viewport with FIT_SCRIPT; return ``[(slide, problems)]``.
+    Fails when the deck, executed outputs included, requests anything outside the machine.
 
     Headless Chromium's ``--window-size`` includes the window's own chrome, whose height varies
     between versions: the first render measures the viewport, and a second one, when needed, grows
@@ -329,12 +406,17 @@ def fit_report(deck, folder):
     if not (folder / "vendor").exists():
         (folder / "vendor").symlink_to(deck.parent / "vendor", target_is_directory=True)
     window = list(SCREEN)
+    net_log = folder / "net.json"
     server, _ = serve(folder)
     try:
         url = f"http://127.0.0.1:{server.server_port}/{probe.name}"
         for _ in range(2):
             dom = chromium(
-                "--dump-dom", "--window-size={},{}".format(*window), url, budget_ms=60_000
+                f"--log-net-log={net_log}",
+                "--dump-dom",
+                "--window-size={},{}".format(*window),
+                url,
+                budget_ms=60_000,
             )
             found = re.search(r'<pre id="fit-report"[^>]*>(.*?)</pre>', dom, re.DOTALL)
             assert found, f"{deck.name}: the fit probe wrote no report (did reveal.js start?)"
@@ -346,6 +428,7 @@ def fit_report(deck, folder):
         server.shutdown()
         server.server_close()
     assert report["viewport"] == list(SCREEN), f"viewport {report['viewport']}, not {SCREEN}"
+    assert_offline(net_log, "/vendor/reveal.js/dist/reveal.js")  # the outputs load nothing either
     return [
         (f"slide {s['h'] + 1}.{s['v'] + 1} (#/{s['h']}/{s['v']})", s["problems"])
         for s in report["slides"]

@@ -1,4 +1,5 @@
-"""Set a Jupyter installation up for the course: JupyterLab opens jupytext Markdown as notebooks.
+"""Set a Jupyter installation up for the course: JupyterLab opens jupytext Markdown as notebooks,
+and nothing in Lab or in a RISE slideshow reaches for the internet.
 
 Used by ``make setup`` (for ``.venv``) and by ``postBuild`` (for a JupyterHub or Binder image).
 """
@@ -14,18 +15,41 @@ LAB_OVERRIDES = {
     },
     # The course runs offline: no news or update checks that would try to reach the internet.
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+    # RISE's default reveal theme, "simple", like most of them imports its fonts from Google.
+    # "serif" and "white" use local fonts only; "white" capitalises headings, code names included.
+    "jupyterlab-rise:plugin": {"theme": "serif"},
 }
+
+# Installed, but built for JupyterLab 3: jupyterlab-rise 0.43 requires jupyterlab-mathjax3, whose
+# extension JupyterLab 4 flags as incompatible (Lab 4 renders math with its own MathJax 3).
+# Disabled, neither Lab nor RISE activates it; locked, Lab's plugin manager cannot enable it (and
+# Lab does not rewrite the file to add the lock itself, as it does to a bare disabledExtensions).
+DISABLED_EXTENSIONS = {"@jupyterlab/mathjax3-extension": True}
 
 
 def write_lab_settings(prefix=None):
-    """Write JupyterLab's ``overrides.json`` under ``prefix`` (default: this Python's); return its
-    path.
+    """Write JupyterLab's ``overrides.json`` and ``page_config.json`` under ``prefix`` (default:
+    this Python's); return the path of ``overrides.json``.
 
-    Settings already in the file for other plugins are kept.
+    Settings already in the files for other plugins and extensions are kept.
     """
-    path = Path(prefix or sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    prefix = Path(prefix or sys.prefix)
+    overrides = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    merge_json(overrides, LAB_OVERRIDES)
+    page_config = prefix / "etc" / "jupyter" / "labconfig" / "page_config.json"
+    merge_json(
+        page_config,
+        {"disabledExtensions": DISABLED_EXTENSIONS, "lockedExtensions": DISABLED_EXTENSIONS},
+    )
+    return overrides
+
+
+def merge_json(path, settings):
+    """Update the JSON object in ``path`` (created when missing) with ``settings``, one level deep:
+    the keys of a nested object that ``settings`` does not name are kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    settings = json.loads(path.read_text()) if path.exists() else {}
-    settings.update(LAB_OVERRIDES)
-    path.write_text(json.dumps(settings, indent=2) + "\n")
-    return path
+    current = json.loads(path.read_text()) if path.exists() else {}
+    for key, value in settings.items():
+        old = current.get(key)
+        current[key] = {**old, **value} if isinstance(old, dict) else value
+    path.write_text(json.dumps(current, indent=2) + "\n")

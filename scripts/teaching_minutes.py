@@ -1,0 +1,117 @@
+"""Estimate teaching and exercise minutes per lesson from what is on its slides and sheets.
+
+    .venv/bin/python scripts/teaching_minutes.py
+
+Nobody timed these by talking through the decks: they are counts turned into minutes by a stated
+rule, a starting point to correct after one rehearsal. For every ``notebooks/NN_*.md`` it counts,
+on the slides (cells that are not ``skip`` or ``notes``):
+
+- slides: ``slide`` and ``subslide`` cells (plus the one nbconvert opens at the first visible
+  cell when that cell starts none);
+- words of Markdown, and words of speaker notes (``notes`` cells, said aloud);
+- visible code cells and their lines.
+
+and, in the worked sheet ``solutions/NN_*.md``, the exercises (code cells that call a
+``check_…`` function of a checks module, ``checks`` or ``resume_checks``) and the lines of code of
+each (blank lines and comments left out).
+
+The rule: words, on the slides and in the notes, at WORDS_PER_MINUTE (slower than reading aloud,
+because slides are explained, not read), plus CODE_CELL_MINUTES for each visible code cell (say
+what it will do, take the room's prediction, run it, read the output); the computation itself,
+which ``make schedule`` measures, comes on top. An exercise takes EXERCISE_MINUTES to read and
+check, plus MINUTES_PER_SOLUTION_LINE for each line of its worked solution.
+"""
+
+import argparse
+import re
+from pathlib import Path
+
+import jupytext
+
+WORDS_PER_MINUTE = 100
+CODE_CELL_MINUTES = 1.5
+EXERCISE_MINUTES = 4
+MINUTES_PER_SOLUTION_LINE = 0.5
+WORD = re.compile(r"[A-Za-z0-9][\w'’.-]*")
+HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+CHECK_CALL = re.compile(r"^\w*checks\.check_\w+\(", re.MULTILINE)
+
+
+def slide_type(cell):
+    """The cell's reveal role: slide, subslide, fragment, skip, notes or ``-`` (continues)."""
+    return cell.metadata.get("slideshow", {}).get("slide_type", "-")
+
+
+def words(markdown):
+    """Words a person reads in ``markdown``: HTML comments left out, code spans kept."""
+    return len(WORD.findall(HTML_COMMENT.sub("", markdown)))
+
+
+def lesson_counts(path):
+    """Counts for the lesson at ``path``: slides, slide and note words, code cells and lines."""
+    cells = jupytext.read(path).cells
+    visible = [cell for cell in cells if slide_type(cell) not in ("skip", "notes")]
+    starts = sum(slide_type(cell) in ("slide", "subslide") for cell in visible)
+    opens_one = bool(visible) and slide_type(visible[0]) not in ("slide", "subslide")
+    code = [cell for cell in visible if cell.cell_type == "code"]
+    return {
+        "slides": starts + opens_one,
+        "slide words": sum(words(c.source) for c in visible if c.cell_type == "markdown"),
+        "note words": sum(words(c.source) for c in cells if slide_type(c) == "notes"),
+        "code cells": len(code),
+        "code lines": sum(len(cell.source.splitlines()) for cell in code),
+    }
+
+
+def code_lines(source):
+    """Lines of ``source`` that are neither blank nor comments."""
+    return sum(
+        bool(line.strip()) and not line.strip().startswith("#") for line in source.split("\n")
+    )
+
+
+def solution_lines(path):
+    """Lines of code of each exercise in the worked sheet at ``path``; [] when there is none."""
+    if not path.exists():
+        return []
+    cells = jupytext.read(path).cells
+    return [
+        code_lines(c.source) for c in cells if c.cell_type == "code" and CHECK_CALL.search(c.source)
+    ]
+
+
+def estimate(counts, exercises):
+    """``(teaching minutes, exercise minutes)`` by the rule in the module's docstring;
+    ``exercises`` holds the solution lines of each exercise."""
+    talk = (counts["slide words"] + counts["note words"]) / WORDS_PER_MINUTE
+    practise = sum(EXERCISE_MINUTES + lines * MINUTES_PER_SOLUTION_LINE for lines in exercises)
+    return talk + counts["code cells"] * CODE_CELL_MINUTES, practise
+
+
+def markdown_table(root):
+    """The counts and estimates of every lesson under ``root`` as a Markdown table."""
+    lines = [
+        "| lesson | slides | words on slides | words in notes | code cells (lines) "
+        "| exercises (solution lines) | teaching min | exercise min |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for lesson in sorted((root / "notebooks").glob("[0-9][0-9]_*.md")):
+        counts = lesson_counts(lesson)
+        exercises = solution_lines(root / "solutions" / lesson.name)
+        teach, practise = estimate(counts, exercises)
+        lines.append(
+            f"| `{lesson.stem}` | {counts['slides']} | {counts['slide words']} | "
+            f"{counts['note words']} | {counts['code cells']} ({counts['code lines']}) | "
+            f"{len(exercises)} ({sum(exercises)}) | {teach:.0f} | {practise:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=Path("."), help="the course's folder")
+    print(markdown_table(parser.parse_args(argv).root))
+
+
+if __name__ == "__main__":
+    main()
