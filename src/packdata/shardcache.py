@@ -1,0 +1,269 @@
+"""A bounded local cache of remote shards, shared by every process on one machine: the middle
+ground between staging everything before training and streaming every shard every epoch.
+
+    cache = ShardCache("/scratch/shard-cache", max_bytes=20 * 10**9)
+    for path in cache.fetched(urls, ahead=2):   # local paths; the next 2 shards download meanwhile
+        read_shard(path)
+    dataset = CachedShardDataset(urls, cache=cache, sizes=counts)   # a ShardDataset through it
+
+A shard is downloaded into a hidden temporary file and renamed into place (``atomic``), so a reader
+sees either nothing or the whole shard. Per shard, two lock files (``fcntl.flock``) coordinate the
+processes: its *download* lock lets one process fetch it while the others wait for that download
+instead of repeating it; its *pin* lock is held shared by every process reading the shard, and
+eviction takes it exclusively without waiting, so a shard in use is never removed.
+
+When a new shard needs room, the least recently used shards go first (each use touches the file's
+modification time). Shards in use stay even then, so the cache can exceed ``max_bytes`` by what is
+pinned at once: ``ahead + 1`` shards per worker. A journal (``events``) records every hit, download,
+wait and eviction of every process, so a hit rate can be read per epoch.
+
+The folder must be on a local disk: ``flock`` coordinates the processes of one machine, and is not
+to be trusted on network filesystems.
+"""
+
+import fcntl
+import hashlib
+import os
+import urllib.parse
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from itertools import islice
+from pathlib import Path
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .atomic import written_atomically
+from .shardread import fetch_shard
+from .streaming import ShardDataset
+
+HIT, MISS, WAITED, EVICTED = "hit", "miss", "waited", "evicted"
+LOOKUPS = (HIT, MISS, WAITED)  # one of these per shard asked for
+
+
+def cache_name(url):
+    """The file name a shard gets in the cache: its own name, after a short hash of the whole URL
+    (two stores may both have a ``train-000000.tar``)."""
+    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
+    name = Path(urllib.parse.urlsplit(url).path).name or "shard"
+    return f"{digest}-{name}"
+
+
+@contextmanager
+def flocked(path, operation):
+    """Hold ``fcntl.flock(operation)`` on the lock file ``path`` (created when missing) for the
+    block."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, operation)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+class Pin:
+    """A shard held in the cache: ``path`` to read, ``outcome`` (hit, miss or waited), and a shared
+    lock that keeps eviction away until ``release()``."""
+
+    def __init__(self, path, descriptor, outcome):
+        self.path, self.outcome, self._descriptor = path, outcome, descriptor
+
+    def release(self):
+        """Let eviction remove the shard again (a second call does nothing)."""
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+
+class ShardCache:
+    """Shards from ``http://`` URLs, kept in the folder ``root`` up to about ``max_bytes``, least
+    recently used evicted first. Any number of processes may use one folder at once; the object
+    itself pickles as its folder and limit, so DataLoader workers can take it along."""
+
+    def __init__(self, root, max_bytes):
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+        self.root, self.max_bytes = Path(root), int(max_bytes)
+        (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+        self.journal = self.root / ".journal"
+
+    def _lock_file(self, name, kind):
+        return self.root / ".locks" / f"{name}.{kind}"
+
+    def pin(self, url):
+        """The shard at ``url`` in the cache, downloaded first unless it is there (or another
+        process is downloading it: then wait for that download). Returns a ``Pin``; release it
+        when done reading."""
+        name = cache_name(url)
+        path = self.root / name
+        descriptor = os.open(self._lock_file(name, "pin"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH)  # waits only for an eviction in progress
+            if path.exists():
+                os.utime(path)  # most recently used now
+                outcome = HIT
+            else:
+                outcome = self._download(url, path)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        self._record(outcome, name, path.stat().st_size)
+        return Pin(path, descriptor, outcome)
+
+    def _download(self, url, path):
+        """Fetch ``url`` into ``path`` (MISS), unless another process did while this one waited
+        for the shard's download lock (WAITED)."""
+        with flocked(self._lock_file(path.name, "download"), fcntl.LOCK_EX):
+            if path.exists():
+                os.utime(path)
+                return WAITED
+            data = fetch_shard(url)  # one GET; errors name the URL
+            # room made and file written by one process at a time, so the sizes add up
+            with flocked(self.root / ".locks" / "cache", fcntl.LOCK_EX):
+                self._make_room(len(data))
+                with written_atomically(path) as file:
+                    file.write(data)
+            return MISS
+
+    def entries(self):
+        """``[(last use in ns, bytes, name)]`` of the shards in the cache, least recently used
+        first; hidden files (locks, the journal, downloads in progress) are not shards."""
+        found = []
+        for entry in os.scandir(self.root):
+            if entry.name.startswith(".") or not entry.is_file():
+                continue
+            with suppress(FileNotFoundError):  # evicted meanwhile
+                stat = entry.stat()
+                found.append((stat.st_mtime_ns, stat.st_size, entry.name))
+        return sorted(found)
+
+    def size(self):
+        """Bytes of the shards in the cache now."""
+        return sum(size for _, size, _ in self.entries())
+
+    def _make_room(self, incoming):
+        """Evict least recently used shards that nobody is reading until ``incoming`` more bytes
+        fit under ``max_bytes``, or nothing more can go."""
+        entries = self.entries()
+        total = sum(size for _, size, _ in entries)
+        for _, size, name in entries:
+            if total + incoming <= self.max_bytes:
+                return
+            if self._evict(name, size):
+                total -= size
+
+    def _evict(self, name, size):
+        """Remove shard ``name`` unless some process has it pinned; True when removed."""
+        try:
+            with flocked(self._lock_file(name, "pin"), fcntl.LOCK_EX | fcntl.LOCK_NB):
+                (self.root / name).unlink(missing_ok=True)
+        except BlockingIOError:  # pinned: being read, or fetched ahead for a reader
+            return False
+        self._record(EVICTED, name, size)
+        return True
+
+    def _record(self, event, name, size):
+        """Append one line to the journal; small appends from many processes do not interleave."""
+        descriptor = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(descriptor, f"{event} {name} {size}\n".encode())
+        finally:
+            os.close(descriptor)
+
+    def events(self, since=0):
+        """The journal from line ``since`` on, every process's: ``[(event, shard name, bytes)]``.
+        ``len(cache.events())`` taken before an epoch and passed as ``since`` after it: that
+        epoch's."""
+        if not self.journal.exists():
+            return []
+        lines = self.journal.read_text().splitlines()[since:]
+        return [(event, name, int(size)) for event, name, size in map(str.split, lines)]
+
+    def fetched(self, urls, ahead=2):
+        """Yield the local path of each of ``urls`` in turn while a background thread downloads the
+        next ``ahead``. Each shard stays pinned from its fetch until the next path is asked for (or
+        the generator is closed), so eviction never takes a shard that is read or about to be."""
+        urls, pending = iter(urls), deque()
+        with ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch") as fetcher:
+            try:
+                while True:
+                    pending.extend(
+                        fetcher.submit(self.pin, url)
+                        for url in islice(urls, ahead + 1 - len(pending))
+                    )
+                    if not pending:
+                        return
+                    pin = pending.popleft().result()
+                    try:
+                        yield str(pin.path)
+                    finally:
+                        pin.release()
+            finally:
+                release_pending(pending)
+
+
+def release_pending(futures):
+    """Cancel the fetches not started yet, and release the pins of those that finished."""
+    for future in futures:
+        future.cancel()
+    for future in futures:
+        if not future.cancelled():
+            with suppress(Exception):  # a failed fetch pinned nothing
+                future.result().release()
+
+
+def hit_rate(events):
+    """Shards found in the cache over shards asked for, in ``events`` (``ShardCache.events``); a
+    shard another process downloaded while this one waited counts as found. None when none was
+    asked for."""
+    counts = Counter(event for event, _, _ in events)
+    lookups = sum(counts[kind] for kind in LOOKUPS)
+    return (counts[HIT] + counts[WAITED]) / lookups if lookups else None
+
+
+class CachedShardDataset(IterableDataset):
+    """``(image, label)`` (or the ``keys`` named) from remote shards, each DataLoader worker reading
+    its shards through ``cache`` (a ``ShardCache``) and fetching ``ahead`` of them in advance.
+
+    Which shards a worker reads, in which order, is ``ShardDataset``'s (``rank``, ``world_size``,
+    ``seed``, ``shuffle`` and ``set_epoch`` mean the same); each shard is then read by a
+    ``ShardDataset`` of its own over the local copy, with ``keys``, ``decode``, ``transform`` and
+    ``buffer_size`` (so the shuffle buffer mixes samples of one shard only). Pass ``sizes`` (samples
+    per shard) for ``len()``: counting them would download every shard in this process."""
+
+    def __init__(
+        self,
+        shards,
+        *,
+        cache,
+        ahead=2,
+        keys=("jpg", "cls"),
+        decode=True,
+        transform=None,
+        buffer_size=0,
+        **split,
+    ):
+        self.plan = ShardDataset(shards, keys=keys, **split)
+        self.cache, self.ahead = cache, ahead
+        self.per_shard = {
+            "keys": keys,
+            "decode": decode,
+            "transform": transform,
+            "buffer_size": buffer_size,
+        }
+
+    def set_epoch(self, epoch):
+        """Use epoch ``epoch``'s shard order from the next iteration on (see ``ShardDataset``)."""
+        self.plan.set_epoch(epoch)
+
+    def __len__(self):
+        """Samples this rank yields this epoch."""
+        return len(self.plan)
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for path in self.cache.fetched(self.plan.shards_for(worker, num_workers), self.ahead):
+            one = ShardDataset(path, rank=0, world_size=1, seed=self.plan.seed, **self.per_shard)
+            one.set_epoch(self.plan.epoch)
+            yield from one.iterate()

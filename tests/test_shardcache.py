@@ -1,0 +1,221 @@
+"""The bounded shard cache against a real store process: one download per shard however many
+processes ask, a size limit kept by LRU eviction that spares shards in use, whole files only, and
+hit rates per epoch, including the cache too small for the working set."""
+
+import multiprocessing
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from packdata.cachebench import compare_sources
+from packdata.netstore import NetworkStore
+from packdata.shardcache import (
+    EVICTED,
+    HIT,
+    MISS,
+    WAITED,
+    CachedShardDataset,
+    ShardCache,
+    hit_rate,
+)
+from packdata.shardread import count_shard_samples
+from packdata.shardwrite import write_shards
+
+FORK = multiprocessing.get_context("fork")
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tiny_dataset, tmp_path_factory):
+    """10 shards of 6 samples."""
+    out = tmp_path_factory.mktemp("cache-shards")
+    write_shards(tiny_dataset, out, maxcount=6, progress=False)
+    return out
+
+
+@pytest.fixture
+def store(shard_dir):
+    with NetworkStore(shard_dir, latency=0) as running:
+        yield running
+
+
+def shard_files(shard_dir):
+    return sorted(Path(shard_dir).glob("*.tar"))
+
+
+def urls_of(store, shard_dir):
+    return [store.url_for(path.name) for path in shard_files(shard_dir)]
+
+
+def pin_once(root, max_bytes, url, start, outcomes):
+    """In a child process: wait for the others, pin ``url``, report the outcome."""
+    cache = ShardCache(root, max_bytes)
+    start.wait()
+    outcomes.put(cache.pin(url).outcome)
+
+
+def test_processes_asking_for_one_shard_at_once_download_it_once(store, shard_dir, tmp_path):
+    store.latency = 0.3  # every process asks while the first download is still under way
+    url, source = urls_of(store, shard_dir)[0], shard_files(shard_dir)[0]
+    start, outcomes = FORK.Barrier(4), FORK.Queue()
+    children = [
+        FORK.Process(target=pin_once, args=(tmp_path, 10**9, url, start, outcomes))
+        for _ in range(4)
+    ]
+    for child in children:
+        child.start()
+    seen = Counter(outcomes.get(timeout=30) for _ in children)
+    for child in children:
+        child.join()
+    assert store.requests == 1
+    assert seen == {MISS: 1, WAITED: 3}
+    (cached,) = (path for path in tmp_path.iterdir() if not path.name.startswith("."))
+    assert cached.read_bytes() == source.read_bytes()
+
+
+def watch(root, sources, stop, report):
+    """In a child process: until ``stop``, read every shard that has appeared under its name and
+    compare it with the original; report ``(whole files seen, partial files seen)``."""
+    whole = partial = 0
+    while not stop.is_set():
+        for path in Path(root).iterdir():
+            if path.name.startswith("."):
+                continue
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:  # evicted meanwhile
+                continue
+            if data == sources[path.name.partition("-")[2]]:
+                whole += 1
+            else:
+                partial += 1
+    report.put((whole, partial))
+
+
+def test_a_reader_only_ever_sees_whole_shards(store, shard_dir, tmp_path):
+    sources = {path.name: path.read_bytes() for path in shard_files(shard_dir)}
+    cache = ShardCache(tmp_path, max_bytes=3 * max(map(len, sources.values())))
+    stop, report = FORK.Event(), FORK.Queue()
+    watcher = FORK.Process(target=watch, args=(tmp_path, sources, stop, report))
+    watcher.start()
+    for _ in range(3):  # 30 downloads and the evictions between them
+        for path in cache.fetched(urls_of(store, shard_dir), ahead=1):
+            assert Path(path).exists()
+    stop.set()
+    whole, partial = report.get(timeout=30)
+    watcher.join()
+    assert whole > 0
+    assert partial == 0
+    assert not [path for path in tmp_path.iterdir() if ".partial-" in path.name]
+
+
+def test_eviction_keeps_the_cache_under_its_limit(store, shard_dir, tmp_path):
+    largest = max(path.stat().st_size for path in shard_files(shard_dir))
+    cache = ShardCache(tmp_path, max_bytes=int(3.5 * largest))
+    for path in cache.fetched(urls_of(store, shard_dir), ahead=1):
+        assert cache.size() <= cache.max_bytes
+        assert Path(path).exists()
+    assert len(cache.entries()) <= 3
+    assert Counter(event for event, _, _ in cache.events())[EVICTED] >= 7
+
+
+def test_a_shard_in_use_is_never_evicted(store, shard_dir, tmp_path):
+    largest = max(path.stat().st_size for path in shard_files(shard_dir))
+    cache = ShardCache(tmp_path, max_bytes=2 * largest)
+    first, *others = urls_of(store, shard_dir)
+    held = cache.pin(first)
+    for _ in cache.fetched(others, ahead=0):
+        pass
+    assert held.path.exists()  # the oldest, but pinned
+    held.release()
+    for _ in cache.fetched(others[:2], ahead=0):
+        pass
+    assert not held.path.exists()
+
+
+def test_a_missing_shard_raises_naming_it_and_leaves_nothing(store, tmp_path):
+    cache = ShardCache(tmp_path, max_bytes=10**6)
+    with pytest.raises(FileNotFoundError, match="nope-000000.tar"):
+        list(cache.fetched([store.url_for("nope-000000.tar")]))
+    assert cache.entries() == []
+    assert not [path for path in tmp_path.iterdir() if ".partial-" in path.name]
+
+
+def epoch_events(cache, read_epoch):
+    """Run ``read_epoch()`` and return the cache's events during it."""
+    mark = len(cache.events())
+    read_epoch()
+    return cache.events(mark)
+
+
+def test_a_cache_holding_the_working_set_hits_every_shard_from_the_second_epoch(
+    store, shard_dir, tmp_path
+):
+    files = shard_files(shard_dir)
+    cache = ShardCache(tmp_path, max_bytes=2 * sum(path.stat().st_size for path in files))
+    dataset = CachedShardDataset(
+        urls_of(store, shard_dir),
+        cache=cache,
+        keys=("__key__",),
+        decode=False,
+        sizes=[count_shard_samples(path) for path in files],
+    )
+    loader = DataLoader(dataset, batch_size=None, num_workers=2)
+    rates, requests = [], []
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        keys = []
+        events = epoch_events(cache, lambda: keys.extend(key for (key,) in loader))  # noqa: B023
+        assert sorted(keys) == sorted(set(keys)) and len(keys) == len(dataset) == 60
+        rates.append(hit_rate(events))
+        requests.append(store.requests)
+    assert rates == [0.0, 1.0]
+    assert requests == [10, 10]  # the second epoch asked the store for nothing
+
+
+def cyclic_epochs(cache, urls, orders):
+    """``[(hits, lookups)]`` of one epoch per order in ``orders``, reading ``urls`` through
+    ``cache`` one shard at a time."""
+    counts = []
+    for order in orders:
+        events = epoch_events(cache, lambda: list(cache.fetched(order(urls), ahead=0)))  # noqa: B023
+        kinds = Counter(event for event, _, _ in events)
+        counts.append((kinds[HIT], kinds[HIT] + kinds[MISS] + kinds[WAITED]))
+    return counts
+
+
+def test_lru_over_the_same_order_misses_every_shard_when_the_cache_is_too_small(
+    store, shard_dir, tmp_path
+):
+    largest = max(path.stat().st_size for path in shard_files(shard_dir))
+    cache = ShardCache(tmp_path, max_bytes=5 * largest)  # about half the shards
+    same = cyclic_epochs(cache, urls_of(store, shard_dir), [list] * 3)
+    # each shard is asked for again just after it became the least recently used: evicted
+    assert same == [(0, 10)] * 3
+    assert store.requests == 30
+
+
+def test_reading_back_the_other_way_hits_what_the_cache_still_holds(store, shard_dir, tmp_path):
+    largest = max(path.stat().st_size for path in shard_files(shard_dir))
+    cache = ShardCache(tmp_path, max_bytes=5 * largest)
+    urls = urls_of(store, shard_dir)
+    cyclic_epochs(cache, urls, [list])
+    kept = len(cache.entries())
+    backwards = cyclic_epochs(cache, urls, [lambda order: order[::-1]])
+    assert kept >= 5
+    assert backwards == [(kept, 10)]
+
+
+def test_compare_sources_counts_what_each_source_asks_of_the_store(shard_dir):
+    result = compare_sources(shard_dir, latency=0, bandwidth=None, rounds=1, batch_size=6)
+
+    def per_epoch(source, figure):
+        return [result.median(source, figure, epoch) for epoch in range(2)]
+
+    assert per_epoch("stream", "gets") == [10, 10]
+    assert per_epoch("stage", "gets") == [10, 0]
+    assert per_epoch("cache 2× data", "gets") == [10, 0]
+    assert per_epoch("cache 2× data", "hit_rate") == [0.0, 1.0]
+    assert per_epoch("stream", "hit_rate") == [None, None]
+    assert "cache 0.5× data" in str(result)
