@@ -3,7 +3,7 @@ overlap."""
 
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from packdata import compare
 from packdata.bench import SampleCountError
@@ -42,10 +42,36 @@ def test_verdict_only_when_the_rounds_do_not_overlap():
     assert comparison.best() == "fast"
 
 
+def test_alike_needs_overlapping_rounds_and_close_medians():
+    comparison = compare.Comparison(
+        {
+            "a": [100, 80, 98],
+            "b": [100, 100, 100],
+            "c": [150, 160, 155],
+            "d": [100, 125, 121],
+            "e": [105, 104, 106],
+        }
+    )
+    assert comparison.alike("a", "b", alike="same").endswith(
+        "same (the rounds overlap, the medians are within 10%)"
+    )
+    assert comparison.alike("c", "b", unlike="costs more").endswith(": costs more")
+    assert comparison.alike("d", "b").endswith("no clear verdict: the medians differ")
+    assert comparison.alike("e", "b").endswith("no clear verdict: the rounds differ")
+
+
 def test_ratio_is_of_the_medians_with_each_rounds_pair_as_its_spread():
     ratio = compare.Comparison({"a": [2, 4, 9], "b": [1, 1, 3]}).ratio("a", "b")
     assert (ratio.value, ratio.low, ratio.high) == (4, 2, 4)
     assert format(ratio, ".1f") == "4.0× (rounds 2.0× to 4.0×)"
+
+
+class IterableNumbers(IterableDataset):
+    def __init__(self, count):
+        self.count = count
+
+    def __iter__(self):
+        return iter(torch.arange(self.count))
 
 
 class Numbers(Dataset):
@@ -64,6 +90,13 @@ class Numbers(Dataset):
 def test_epochs_of_counts_every_sample_of_every_epoch():
     run = compare.epochs_of(Numbers(10, 10), batch_size=4)
     assert [run(), run()] == [10, 10]
+
+
+def test_epochs_of_checks_a_stream_without_len_against_samples():
+    stream = IterableNumbers(10)
+    assert compare.epochs_of(stream, samples=10, batch_size=4)() == 10
+    with pytest.raises(SampleCountError, match="delivered 10 samples but samples is 11"):
+        compare.epochs_of(stream, samples=11, batch_size=4)()
 
 
 def test_epochs_of_refuses_a_short_epoch():

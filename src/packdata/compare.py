@@ -74,6 +74,23 @@ class Comparison:
         words = {1: faster, -1: slower, 0: NO_CLEAR_DIFFERENCE}[self.clearly(top, bottom)]
         return f"{top} / {bottom}: {self.ratio(top, bottom)}: {words}"
 
+    def alike(self, top, bottom, within=0.1, alike="alike", unlike="unlike"):
+        """``top`` against ``bottom`` in words, where the point is that they cost the same:
+        ``alike`` when their rounds overlap and the medians are within ``within`` of each other,
+        ``unlike`` when the rounds do not overlap and the medians differ by more; otherwise no
+        verdict. "No clear difference" alone would not hold run after run: chance separates
+        three rounds each of two equal runs one time in ten."""
+        ratio = self.ratio(top, bottom)
+        close = 1 / (1 + within) <= ratio.value <= 1 + within
+        clearly = self.clearly(top, bottom)
+        if close and not clearly:
+            words = f"{alike} (the rounds overlap, the medians are within {within:.0%})"
+        elif clearly and not close:
+            words = unlike
+        else:
+            words = f"no clear verdict: {'the rounds' if clearly else 'the medians'} differ"
+        return f"{top} / {bottom}: {ratio}: {words}"
+
     def __str__(self):
         width = max(map(len, self.rates))
         return "\n".join(
@@ -124,19 +141,20 @@ def in_turn(runs, rounds=3, before=None, warmup=True, unit="samples/s"):
     return Comparison(rates, unit)
 
 
-def epochs_of(dataset, **loader_kwargs):
+def epochs_of(dataset, samples=None, **loader_kwargs):
     """A ``run`` for ``in_turn``: each call is one epoch of the same ``DataLoader`` over
-    ``dataset`` and returns the samples it delivered, checked against ``len(dataset)``. Workers stay
-    between epochs (``persistent_workers``), as in training, so only the first epoch starts them."""
+    ``dataset`` and returns the samples it delivered, checked against ``samples`` (by default
+    ``len(dataset)``; give it for a stream without a length). Workers stay between epochs
+    (``persistent_workers``), as in training, so only the first epoch starts them."""
     workers = loader_kwargs.get("num_workers", 0)
     loader = DataLoader(dataset, **{"persistent_workers": workers > 0, **loader_kwargs})
-    expected = len(dataset)
+    expected, source = (len(dataset), "len(dataset)") if samples is None else (samples, "samples")
 
     def run():
         seen = sum(count_samples(batch) for batch in loader)
         if seen != expected:
             raise SampleCountError(
-                f"an epoch delivered {seen} samples but len(dataset) is {expected}; check "
+                f"an epoch delivered {seen} samples but {source} is {expected}; check "
                 "__len__, drop_last, the sampler, or how an iterable dataset splits its work"
             )
         return seen

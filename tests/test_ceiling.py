@@ -1,0 +1,100 @@
+"""ceiling: the same work in plain processes, and verdicts that judge a loader against it."""
+
+import multiprocessing
+import operator
+import os
+from functools import partial
+
+import pytest
+
+from packdata import ceiling, compare
+
+
+def record(folder, index):
+    """Work that leaves a trace: one line per call, naming the process, in a file per index."""
+    with open(folder / str(index), "a") as trace:
+        trace.write(f"{os.getpid()}\n")
+
+
+def test_every_index_once_per_call_in_processes_that_stay(tmp_path):
+    run = ceiling.PlainProcesses(partial(record, tmp_path), 10, 3, context="fork")
+    assert [run(), run()] == [10, 10]
+    run.close()
+    traces = {int(path.name): path.read_text().split() for path in tmp_path.iterdir()}
+    assert sorted(traces) == list(range(10))
+    assert all(len(pids) == 2 and pids[0] == pids[1] for pids in traces.values())
+    assert len({pids[0] for pids in traces.values()}) == 3
+    assert os.getpid() not in {int(pids[0]) for pids in traces.values()}
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_work_reaches_spawned_processes(method):
+    run = ceiling.PlainProcesses(abs, 7, 2, context=method)
+    try:
+        assert run() == 7
+    finally:
+        run.close()
+
+
+def test_close_stops_the_processes():
+    before = len(multiprocessing.active_children())
+    run = ceiling.PlainProcesses(abs, 4, 2, context="fork")
+    run()
+    assert len(multiprocessing.active_children()) == before + 2
+    run.close()
+    assert len(multiprocessing.active_children()) == before
+
+
+def test_an_error_in_the_work_is_raised_with_its_traceback():
+    run = ceiling.PlainProcesses(partial(operator.truediv, 1), 4, 2, context="fork")
+    with pytest.raises(RuntimeError, match="(?s)plain process 0 of 2 failed.*ZeroDivisionError"):
+        run()
+    run.close()
+
+
+def test_a_process_that_dies_is_named():
+    run = ceiling.PlainProcesses(os._exit, 4, 2, context="fork")  # index 0 ends its process
+    with pytest.raises(RuntimeError, match="plain process 0 of 2 died"):
+        run()
+    run.close()
+
+
+def test_no_processes_is_refused():
+    with pytest.raises(ValueError, match="at least 1 process"):
+        ceiling.PlainProcesses(abs, 4, 0)
+
+
+def test_plain_runs_names_one_and_many():
+    assert list(ceiling.plain_runs(abs, 4, 2)) == ["1 plain process", "2 plain processes"]
+    assert list(ceiling.plain_runs(abs, 4, 1)) == ["1 plain process"]
+
+
+def judged(loader_rates):
+    return compare.Comparison(
+        {
+            "2 workers": loader_rates,
+            "1 plain process": [100, 100, 100],
+            "2 plain processes": [200, 180, 190],
+        }
+    )
+
+
+def test_verdict_gives_what_the_cores_allow_and_the_share_reached():
+    allow, share = ceiling.verdict(judged([160, 150, 171]), "2 workers", 2).splitlines()
+    assert allow.startswith("the cores this notebook gets allow 1.90× (rounds 1.80× to 2.00×)")
+    assert share.startswith("2 workers: 84% of what 2 plain processes reach here")
+    assert share.endswith("(rounds 80% to 90%): the workers use most of what the cores allow")
+
+
+def test_verdict_words_need_every_round_on_one_side():
+    assert ceiling.verdict(judged([100, 90, 80]), "2 workers", 2, short="lost").endswith(": lost")
+    straddle = ceiling.verdict(judged([160, 90, 80]), "2 workers", 2)
+    assert straddle.endswith("no clear verdict: the rounds straddle 60%")
+
+
+def test_verdict_judges_each_loader_named():
+    comparison = judged([160, 150, 171])
+    comparison.rates["webdataset"] = [100, 90, 80]
+    lines = ceiling.verdict(comparison, ["2 workers", "webdataset"], 2).splitlines()
+    assert [line.split(":")[0] for line in lines[1:]] == ["2 workers", "webdataset"]
+    assert lines[2].endswith(": the workers lose much of what the cores allow")
