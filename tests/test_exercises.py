@@ -11,13 +11,15 @@ import zipfile
 from operator import methodcaller
 from pathlib import Path
 
+import boto3
 import jupytext
+import numpy as np
 import pytest
 import webdataset as wds
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packdata import costmodel, imagefolder, packing, tarindex
+from packdata import costmodel, imagefolder, packing, s3, tarindex
 from packdata.course import checks, exercises
 from packdata.datasets import FolderDataset, ZipDataset
 
@@ -372,6 +374,93 @@ CASES.update(
 )
 
 
+def cut(keys, per_shard):
+    return [list(keys[start : start + per_shard]) for start in range(0, len(keys), per_shard)]
+
+
+def assign_right(keys, per_shard, seed):
+    order = np.random.default_rng(seed).permutation(len(keys))
+    return cut([keys[index] for index in order], per_shard)
+
+
+def assign_in_key_order(keys, per_shard, seed):
+    return cut(keys, per_shard)
+
+
+def assign_shuffled_inside_each_shard(keys, per_shard, seed):
+    rng = random.Random(seed)
+    return [rng.sample(shard, len(shard)) for shard in cut(keys, per_shard)]
+
+
+def assign_shuffled_in_place(keys, per_shard, seed):
+    random.Random(seed).shuffle(keys)
+    return cut(keys, per_shard)
+
+
+def assign_with_the_global_seed(keys, per_shard, seed):
+    random.seed(seed)
+    return cut(random.sample(keys, len(keys)), per_shard)
+
+
+def assign_unseeded(keys, per_shard, seed):
+    return assign_right(keys, per_shard, None)
+
+
+def assign_ignoring_the_seed(keys, per_shard, seed):
+    return assign_right(keys, per_shard, 0)
+
+
+def assign_full_shards_only(keys, per_shard, seed):
+    return [shard for shard in assign_right(keys, per_shard, seed) if len(shard) == per_shard]
+
+
+def assign_overlapping(keys, per_shard, seed):
+    shuffled = [key for shard in assign_right(keys, len(keys), seed) for key in shard]
+    return [shuffled[start : start + per_shard + 1] for start in range(0, len(keys), per_shard)]
+
+
+def assign_sorted_within(keys, per_shard, seed):
+    return [sorted(shard) for shard in assign_right(keys, per_shard, seed)]
+
+
+def assign_round_robin(keys, per_shard, seed):
+    count = -(-len(keys) // per_shard)
+    return [list(keys[index::count]) for index in range(count)]
+
+
+ASSIGN_MISTAKES = {
+    assign_in_key_order: "you cut the keys in the order given",
+    assign_shuffled_inside_each_shard: "you shuffled inside each shard",
+    assign_shuffled_in_place: "reordered the list it was given",
+    assign_with_the_global_seed: "global random generator",
+    assign_unseeded: "gave other shards when called again with the same seed",
+    assign_ignoring_the_seed: "the seed must choose the shuffle",
+    assign_full_shards_only: "24 of 600 keys are in no shard",
+    assign_overlapping: "would come twice an epoch",
+    assign_sorted_within: "Keep the shuffled order within each shard",
+    assign_round_robin: "Keep the shuffled order within each shard",
+}
+
+
+@pytest.mark.parametrize(
+    "wrong", list(ASSIGN_MISTAKES), ids=[wrong.__name__ for wrong in ASSIGN_MISTAKES]
+)
+def test_each_shard_assignment_mistake_is_named(wrong, tiny_dataset):
+    with pytest.raises(checks.CheckFailed, match=ASSIGN_MISTAKES[wrong]):
+        checks.check_assign_shards(wrong, tiny_dataset)
+
+
+CASES.update(
+    {
+        "check_assign_shards": (
+            lambda check, impl, root: check(impl, root),
+            assign_right,
+            [assign_in_key_order, assign_unseeded, assign_full_shards_only],
+        ),
+    }
+)
+
+
 # --- lesson 6 -------------------------------------------------------------------------------------
 
 
@@ -473,6 +562,211 @@ CASES.update(
                 full_steps_shared_out,
                 full_steps_as_a_float,
             ],
+        ),
+    }
+)
+
+
+# --- lesson 6: shards in an S3 bucket, and torchrun's variables ----------------------------------
+
+_S3 = {}  # the loopback S3 server of this module's checks, and a client of it
+
+
+def s3_shards(root):
+    """A boto3 client of a loopback S3 server (started once for this module, environment left
+    alone) whose bucket ``shapes`` holds the tiny dataset's shards under ``train/``, beside a
+    manifest; private objects."""
+    if not _S3:
+        server = s3.S3Server(export=False).start()
+        client = boto3.client("s3", endpoint_url=server.endpoint_url, **S3_CREDENTIALS)
+        client.create_bucket(Bucket="shapes")
+        for path in tiny_shards(root):
+            client.upload_file(path, "shapes", f"train/{Path(path).name}")
+        client.put_object(Bucket="shapes", Key="train/manifest.json", Body=b"{}")
+        _S3.update(server=server, client=client)
+    return _S3["client"]
+
+
+S3_CREDENTIALS = {
+    "region_name": "us-east-1",
+    "aws_access_key_id": "testing",
+    "aws_secret_access_key": "testing",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_the_s3_server():
+    yield
+    if _S3:
+        _S3.pop("server").stop()
+        _S3.clear()
+
+
+def s3_case(check, impl, root):
+    return check(impl, s3_shards(root), "shapes", "train/")
+
+
+def shard_keys(client, bucket, prefix, paginate=True):
+    if paginate:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    else:
+        pages = [client.list_objects_v2(Bucket=bucket, Prefix=prefix)]
+    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+def presign(client, bucket, key, expires_s=None):
+    lifetime = {} if expires_s is None else {"ExpiresIn": expires_s}
+    return client.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": key}, **lifetime
+    )
+
+
+def urls_right(client, bucket, prefix, expires_s):
+    keys = shard_keys(client, bucket, prefix)
+    return [presign(client, bucket, key, expires_s) for key in keys if key.endswith(".tar")]
+
+
+def urls_of_the_first_page(client, bucket, prefix, expires_s):
+    keys = shard_keys(client, bucket, prefix, paginate=False)
+    return [presign(client, bucket, key, expires_s) for key in keys if key.endswith(".tar")]
+
+
+def urls_with_the_manifest(client, bucket, prefix, expires_s):
+    return [presign(client, bucket, key, expires_s) for key in shard_keys(client, bucket, prefix)]
+
+
+def urls_of_the_whole_bucket(client, bucket, prefix, expires_s):
+    return urls_right(client, bucket, "", expires_s)
+
+
+def urls_of_s3(client, bucket, prefix, expires_s):
+    keys = shard_keys(client, bucket, prefix)
+    return [f"s3://{bucket}/{key}" for key in keys if key.endswith(".tar")]
+
+
+def urls_unsigned(client, bucket, prefix, expires_s):
+    keys = shard_keys(client, bucket, prefix)
+    endpoint = client.meta.endpoint_url
+    return [f"{endpoint}/{bucket}/{key}" for key in keys if key.endswith(".tar")]
+
+
+def urls_for_an_hour(client, bucket, prefix, expires_s):
+    keys = shard_keys(client, bucket, prefix)
+    return [presign(client, bucket, key) for key in keys if key.endswith(".tar")]
+
+
+def urls_newest_first(client, bucket, prefix, expires_s):
+    return urls_right(client, bucket, prefix, expires_s)[::-1]
+
+
+def urls_of_the_file_names(client, bucket, prefix, expires_s):
+    keys = shard_keys(client, bucket, prefix)
+    names = [key.rpartition("/")[2] for key in keys if key.endswith(".tar")]
+    return [presign(client, bucket, name, expires_s) for name in names]
+
+
+URL_MISTAKES = {
+    urls_of_the_first_page: "at most 1,000 keys",
+    urls_with_the_manifest: "train/manifest.json is no shard",
+    urls_of_the_whole_bucket: "val/val-000000.tar is not under train/",
+    urls_of_s3: "has no credentials",
+    urls_unsigned: "carries no signature",
+    urls_for_an_hour: r"expire after 3,600 s \(an hour: ExpiresIn's default\), not 86,400 s",
+    urls_newest_first: "not in key order",
+    urls_of_the_file_names: "sign each object's whole key",
+}
+
+
+@pytest.mark.parametrize("wrong", list(URL_MISTAKES), ids=[w.__name__ for w in URL_MISTAKES])
+def test_each_shard_url_mistake_is_named(wrong, tiny_dataset):
+    with pytest.raises(checks.CheckFailed, match=URL_MISTAKES[wrong]):
+        s3_case(checks.check_shard_urls, wrong, tiny_dataset)
+
+
+def where_right(environ=os.environ):
+    return (
+        int(environ.get("RANK", 0)),
+        int(environ.get("WORLD_SIZE", 1)),
+        int(environ.get("LOCAL_RANK", 0)),
+    )
+
+
+def where_as_strings(environ=os.environ):
+    return environ.get("RANK", "0"), environ.get("WORLD_SIZE", "1"), environ.get("LOCAL_RANK", "0")
+
+
+def where_without_defaults(environ=os.environ):
+    return int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ["LOCAL_RANK"])
+
+
+def where_from_os_environ(environ=os.environ):
+    return where_right(os.environ)
+
+
+def where_local_rank_as_rank(environ=os.environ):
+    rank, world_size, local_rank = where_right(environ)
+    return local_rank, world_size, local_rank
+
+
+def where_machine_as_rank(environ=os.environ):
+    return where_right({**environ, "RANK": environ.get("GROUP_RANK", 0)})
+
+
+def where_local_world(environ=os.environ):
+    return where_right({**environ, "WORLD_SIZE": environ.get("LOCAL_WORLD_SIZE", 1)})
+
+
+def where_rank_as_local_rank(environ=os.environ):
+    rank, world_size, _ = where_right(environ)
+    return rank, world_size, rank
+
+
+def where_from_torch_distributed(environ=os.environ):
+    import torch.distributed
+
+    return torch.distributed.get_rank(), torch.distributed.get_world_size(), 0
+
+
+def where_for_two(environ=os.environ):
+    rank, _, local_rank = where_right(environ)
+    return rank, 2, local_rank
+
+
+WHERE_MISTAKES = {
+    where_as_strings: "the environment holds strings",
+    where_without_defaults: "raised KeyError",
+    where_from_os_environ: "you read os.environ",
+    where_local_rank_as_rank: "With LOCAL_RANK as the rank",
+    where_machine_as_rank: "GROUP_RANK is the machine's number",
+    where_local_world: "LOCAL_WORLD_SIZE counts the processes of one machine",
+    where_rank_as_local_rank: "has no cuda:3",
+    where_from_torch_distributed: "only after init_process_group",
+    where_for_two: r"returned \(0, 2, 0\), expected \(0, 1, 0\)",
+}
+
+
+@pytest.mark.parametrize("wrong", list(WHERE_MISTAKES), ids=[w.__name__ for w in WHERE_MISTAKES])
+def test_each_torchrun_variable_mistake_is_named(wrong):
+    with pytest.raises(checks.CheckFailed, match=WHERE_MISTAKES[wrong]):
+        checks.check_where_am_i(wrong)
+
+
+def where_through_a_helper(environ=os.environ):
+    return where_right(environ)  # right, but where_right is not in the script torchrun runs
+
+
+def test_torchrun_runs_the_function_for_real_and_names_what_it_raised():
+    with pytest.raises(checks.CheckFailed, match="NameError: name 'where_right' is not defined"):
+        checks.check_where_am_i(where_through_a_helper)
+
+
+CASES.update(
+    {
+        "check_shard_urls": (s3_case, urls_right, [urls_of_the_first_page, urls_for_an_hour]),
+        "check_where_am_i": (
+            lambda check, impl, root: check(impl),
+            where_right,
+            [where_local_rank_as_rank, where_without_defaults],
         ),
     }
 )

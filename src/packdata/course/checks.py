@@ -604,6 +604,544 @@ def check_common_full_steps(common_full_steps):
     )
 
 
+# --- lesson 6: shards in an S3 bucket -------------------------------------------------------------
+
+LISTING_BUCKET, LISTING_SHARDS = "check-listing", 1_024
+
+
+def _client_error():
+    from botocore.exceptions import ClientError
+
+    return ClientError
+
+
+def _listing_bucket(client):
+    """Make the bucket ``check-listing`` once per server: 1,024 empty shards under ``train/``, more
+    than one listing call returns, beside a ``train/manifest.json`` and a ``val/`` shard. A last
+    object, ``complete``, marks it done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        client.head_object(Bucket=LISTING_BUCKET, Key="complete")
+        return
+    except _client_error():
+        pass
+    try:
+        client.create_bucket(Bucket=LISTING_BUCKET)
+    except _client_error() as error:
+        if error.response["Error"]["Code"] not in (
+            "BucketAlreadyOwnedByYou",
+            "BucketAlreadyExists",
+        ):
+            raise
+    keys = [f"train/train-{index:06d}.tar" for index in range(LISTING_SHARDS)]
+    keys += ["train/manifest.json", "val/val-000000.tar"]
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(lambda key: client.put_object(Bucket=LISTING_BUCKET, Key=key, Body=b""), keys)
+        )
+    client.put_object(Bucket=LISTING_BUCKET, Key="complete", Body=b"")
+
+
+def _listed_shards(client, bucket, prefix):
+    """The keys ending in ``.tar`` under ``prefix``, all pages of the listing, in key order."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [
+        item["Key"]
+        for page in pages
+        for item in page.get("Contents", [])
+        if item["Key"].endswith(".tar")
+    ]
+
+
+def _key_of(url, bucket, call):
+    """The object key a URL addresses (path style or virtual-host style); ``CheckFailed`` for
+    anything a loader cannot GET."""
+    import urllib.parse
+
+    if not isinstance(url, str):
+        raise CheckFailed(f"{call} returned a {type(url).__name__} among the URLs: return strings.")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise CheckFailed(
+            f"{call} returned {url!r}: a loader (webdataset's curl, a plain GET) reads http(s) "
+            "URLs and has no credentials. Give it a presigned URL for each key: "
+            "client.generate_presigned_url('get_object', Params={'Bucket': …, 'Key': …}, "
+            "ExpiresIn=…)."
+        )
+    path = urllib.parse.unquote(parts.path)
+    return path[len(bucket) + 2 :] if path.startswith(f"/{bucket}/") else path[1:]
+
+
+def _lifetime(url):
+    """Seconds the presigned ``url`` stays valid from now, or None when it carries no
+    signature."""
+    import urllib.parse
+
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    if "X-Amz-Expires" in query:  # signature version 4: seconds from its X-Amz-Date
+        return float(query["X-Amz-Expires"][0])
+    if "Signature" in query and "Expires" in query:  # version 2: the moment it expires
+        return float(query["Expires"][0]) - time.time()
+    return None
+
+
+def _same_shards(urls, client, bucket, prefix, expires_s, call):
+    """``CheckFailed`` unless ``urls`` are presigned GETs of every shard under ``prefix``, in key
+    order, valid for ``expires_s``."""
+    if isinstance(urls, (str, bytes)) or not hasattr(urls, "__iter__"):
+        raise CheckFailed(f"{call} returned {urls!r:.80}: return a list of URLs, one per shard.")
+    urls = list(urls)
+    keys = [_key_of(url, bucket, call) for url in urls]
+    expected = _listed_shards(client, bucket, prefix)
+    repeated = [key for key, count in Counter(keys).items() if count > 1]
+    if repeated:
+        raise CheckFailed(f"{call}: {repeated[0]} is in the list twice: it would be read twice.")
+    outside = [key for key in keys if not key.startswith(prefix)]
+    if outside and prefix + outside[0] in expected:
+        raise CheckFailed(
+            f"{call}: a URL names the object {outside[0]}, which does not exist: sign each "
+            f"object's whole key, as the listing gives it ({prefix}{outside[0]})."
+        )
+    if outside:
+        raise CheckFailed(
+            f"{call}: {outside[0]} is not under {prefix}: list with Prefix=prefix, or you read "
+            "the whole bucket (another split, older shards)."
+        )
+    others = [key for key in keys if not key.endswith(".tar")]
+    if others:
+        raise CheckFailed(
+            f"{call}: {others[0]} is no shard: keep the keys that end in .tar (a listing also "
+            "holds manifests, markers, logs)."
+        )
+    missing = [key for key in expected if key not in set(keys)]
+    if missing and sorted(keys) == expected[: len(keys)] and len(keys) < 1000:
+        raise CheckFailed(
+            f"{call} gave the first {len(keys):,} of the {len(expected):,} shards under {prefix}: "
+            "one list_objects_v2 call returns at most 1,000 keys, and says IsTruncated when there "
+            "are more. Follow the pages: client.get_paginator('list_objects_v2')."
+        )
+    if missing:
+        raise CheckFailed(
+            f"{call}: {len(missing):,} of the {len(expected):,} shards under {prefix} are missing "
+            f"(e.g. {missing[0]})."
+        )
+    if keys != expected:
+        raise CheckFailed(
+            f"{call}: the URLs are not in key order. Every rank builds this list and then "
+            "shuffles it with the same seed, so all must start from the same order: keep the "
+            "listing's (it is sorted by key)."
+        )
+    lifetimes = [_lifetime(url) for url in urls]
+    if None in lifetimes:
+        raise CheckFailed(
+            f"{call}: {urls[lifetimes.index(None)]} carries no signature. The objects are "
+            "private (as they should be), so a GET without one is answered 403 Forbidden: "
+            "presign each URL with client.generate_presigned_url('get_object', …)."
+        )
+    shortest = round(min(lifetimes) / 10) * 10  # signed a moment ago: to the nearest 10 s
+    if abs(shortest - expires_s) > 120:
+        default = " (an hour: ExpiresIn's default)" if abs(shortest - 3600) <= 120 else ""
+        raise CheckFailed(
+            f"{call}: the URLs expire after {shortest:,} s{default}, not {expires_s:,} s. "
+            "A URL that expires while the job runs is answered 403 Forbidden in the middle of an "
+            "epoch: pass ExpiresIn=expires_s."
+        )
+    return urls
+
+
+def _get(url, call):
+    """The bytes a plain GET of ``url`` returns, no credentials; ``CheckFailed`` on an HTTP
+    error."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            return answer.read()
+    except urllib.error.HTTPError as error:
+        raise CheckFailed(
+            f"{call}: GET {url} was answered {error.code} {error.reason}: presign a GET of the "
+            "object ('get_object', with its Bucket and its Key as the listing gives it)."
+        ) from None
+
+
+def check_shard_urls(shard_urls, client, bucket, prefix):
+    """Lesson 6: ``shard_urls(client, bucket, prefix, expires_s)`` lists every shard under
+    ``prefix`` (past the first 1,000 keys), in key order, as presigned GET URLs valid for
+    ``expires_s``; a plain GET of each returns the object, and webdataset reads every sample
+    once."""
+    import webdataset as wds
+
+    from ..layout import is_meta, split_member
+    from ..tarscan import iter_buffer
+
+    _listing_bucket(client)
+    day = 86_400
+    _same_shards(
+        shard_urls(client, LISTING_BUCKET, "train/", day),
+        client,
+        LISTING_BUCKET,
+        "train/",
+        day,
+        f"shard_urls(client, {LISTING_BUCKET!r}, 'train/', {day})",
+    )
+    call = f"shard_urls(client, {bucket!r}, {prefix!r}, 21600)"
+    urls = _same_shards(
+        shard_urls(client, bucket, prefix, 21_600), client, bucket, prefix, 21_600, call
+    )
+    expected = []
+    for url, key in zip(urls, _listed_shards(client, bucket, prefix)):
+        data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        if _get(url, call) != data:
+            raise CheckFailed(f"{call}: GET {url} returned other bytes than the object {key}.")
+        expected += [
+            split_member(name)[0] for name, _ in iter_buffer(data, key) if not is_meta(name)
+        ]
+    expected = sorted(set(expected))
+    read = sorted(sample["__key__"] for sample in wds.WebDataset(urls, shardshuffle=False))
+    if read != expected:
+        raise CheckFailed(
+            f"{call}: webdataset read {len(read):,} samples ({len(set(read)):,} distinct) through "
+            f"the URLs, of {len(expected):,} in the shards."
+        )
+    passed(
+        f"{LISTING_SHARDS:,} shards listed past the first page of 1,000, in key order, each URL "
+        f"signed for {day:,} s; webdataset read all {len(read):,} samples of s3://{bucket}/"
+        f"{prefix} once, through {len(urls)} presigned URLs and no credentials."
+    )
+
+
+# --- lesson 6: who am I under torchrun? -----------------------------------------------------------
+
+# some of what torchrun sets in each process: one process each of jobs on 1, 2, 2 and 3 machines
+_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+_TORCHRUN_PROCESSES = [(1, 2, 1, 2, 0), (3, 4, 1, 2, 1), (6, 8, 2, 4, 1), (2, 3, 0, 1, 2)]
+# the first: a plain `python train.py`, or a notebook (no torchrun, none of them set)
+_TORCHRUN_CASES = [{}] + [
+    dict(zip(_TORCHRUN_VARIABLES, map(str, values), strict=True)) for values in _TORCHRUN_PROCESSES
+]
+
+
+def _where(environ):
+    """The reference: ``(rank, world_size, local_rank)``; rank 0 of 1 outside torchrun."""
+    return tuple(
+        int(environ.get(name, default))
+        for name, default in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0))
+    )
+
+
+def _where_mistakes():
+    """``(what a learner whose answers follow this rule in every case got wrong, the rule)``."""
+    import os
+
+    return [
+        (
+            "you read os.environ, not the environ given (the check passes each process's "
+            "variables as environ): read environ[...].",
+            lambda env: _where(os.environ),
+        ),
+        (
+            "LOCAL_RANK numbers the processes of one machine, from 0 on every machine; RANK "
+            "numbers them across the whole job. With LOCAL_RANK as the rank, the first process "
+            "of every machine would read the same shards.",
+            lambda env: _where({**env, "RANK": env.get("LOCAL_RANK", 0)}),
+        ),
+        (
+            "GROUP_RANK is the machine's number, not the process's: RANK is.",
+            lambda env: _where({**env, "RANK": env.get("GROUP_RANK", 0)}),
+        ),
+        (
+            "LOCAL_WORLD_SIZE counts the processes of one machine; WORLD_SIZE counts all the "
+            "job's processes, on every machine.",
+            lambda env: _where({**env, "WORLD_SIZE": env.get("LOCAL_WORLD_SIZE", 1)}),
+        ),
+        (
+            "the local rank is LOCAL_RANK: it picks this process's GPU (cuda:LOCAL_RANK), and "
+            "every machine numbers its GPUs from 0, so rank 3 on a machine of 2 GPUs has no "
+            "cuda:3.",
+            lambda env: _where({**env, "LOCAL_RANK": env.get("RANK", 0)}),
+        ),
+    ]
+
+
+def _run_under_torchrun(where_am_i):
+    """Write ``where_am_i`` into a script, run it with ``torchrun --standalone
+    --nproc_per_node=2``, and return each process's ``{"got", "rank", "world_size"}``, the last two
+    from ``torch.distributed`` after ``init_process_group``."""
+    import inspect
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    import textwrap
+    from pathlib import Path
+
+    try:
+        source = textwrap.dedent(inspect.getsource(where_am_i))
+    except (OSError, TypeError) as error:
+        raise CheckFailed(
+            f"could not read the source of where_am_i ({error}): define it with def in a cell."
+        ) from None
+    script = "\n".join(
+        [
+            "import json, os, sys",
+            "import torch.distributed as dist",
+            source,
+            f"where_am_i = {where_am_i.__name__}",
+            'dist.init_process_group("gloo")',
+            "try:",
+            "    got = list(where_am_i(os.environ))",
+            "except Exception as error:",
+            '    got = f"{type(error).__name__}: {error}"',
+            "answer = dict(got=got, rank=dist.get_rank(), world_size=dist.get_world_size())",
+            "with open(os.path.join(sys.argv[1], f'{dist.get_rank()}.json'), 'w') as file:",
+            "    json.dump(answer, file)",
+            "dist.destroy_process_group()",
+        ]
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "where_am_i.py"
+        path.write_text(script)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        run = subprocess.run(
+            [*command, "--nproc_per_node=2", str(path), folder],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if run.returncode != 0:
+            raise CheckFailed(
+                f"under torchrun --standalone --nproc_per_node=2 your function failed (exit "
+                f"status {run.returncode}); the end of what it printed:\n{run.stderr[-1500:]}"
+            )
+        return [json.loads(answer.read_text()) for answer in sorted(Path(folder).glob("*.json"))]
+
+
+def _follows(where_am_i, rule):
+    """Whether ``where_am_i`` answers as ``rule`` does for every process of ``_TORCHRUN_CASES``."""
+    try:
+        return all(where_am_i(dict(env)) == rule(env) for env in _TORCHRUN_CASES)
+    except Exception:  # a rule it does not follow, whatever it raised
+        return False
+
+
+def check_where_am_i(where_am_i):
+    """Lesson 6: ``where_am_i(environ)`` reads ``(rank, world_size, local_rank)`` from the variables
+    torchrun sets, as ints, and ``(0, 1, 0)`` outside torchrun; then it runs for real under
+    ``torchrun --standalone --nproc_per_node=2`` and must agree with ``torch.distributed``."""
+    for environ in _TORCHRUN_CASES:
+        shown = ", ".join(f"{name}={value}" for name, value in environ.items()) or "nothing"
+        call = f"where_am_i({{{shown}}})" if environ else "where_am_i({}) (no torchrun)"
+        expected = _where(environ)
+        try:
+            got = where_am_i(dict(environ))
+        except KeyError as error:
+            raise CheckFailed(
+                f"{call} raised KeyError: {error}. Outside torchrun (python train.py, a "
+                "notebook) none of its variables is set: a single process is rank 0 of a world "
+                "of 1, local rank 0."
+            ) from None
+        except (ValueError, RuntimeError) as error:
+            if "process group" not in str(error).lower():
+                raise
+            raise CheckFailed(
+                f"{call} asked torch.distributed ({error}): it knows the rank only after "
+                "init_process_group, which itself reads these variables. Read the environment."
+            ) from None
+        if not isinstance(got, tuple) or len(got) != 3:
+            raise CheckFailed(f"{call} returned {got!r}: return (rank, world_size, local_rank).")
+        if any(isinstance(value, str) for value in got):
+            raise CheckFailed(
+                f"{call} returned {got!r}: the environment holds strings; convert each with "
+                "int(), or shards[rank::world_size] fails."
+            )
+        if got == expected:
+            continue
+        follows = [hint for hint, rule in _where_mistakes() if _follows(where_am_i, rule)]
+        hint = (follows or ["read RANK, WORLD_SIZE and LOCAL_RANK, each as an int."])[0]
+        raise CheckFailed(f"{call} returned {got}, expected {expected}: {hint}")
+    answers = _run_under_torchrun(where_am_i)
+    if len(answers) != 2:
+        raise CheckFailed(f"under torchrun, {len(answers)} processes answered instead of 2.")
+    for answer in sorted(answers, key=lambda a: a["rank"]):
+        if isinstance(answer["got"], str):
+            raise CheckFailed(
+                f"under torchrun, where_am_i raised {answer['got']}. The script holds your "
+                "function alone, after `import json, os`: import anything else it needs inside it."
+            )
+        truth = [answer["rank"], answer["world_size"], answer["rank"]]  # one machine
+        if answer["got"] != truth:
+            raise CheckFailed(
+                f"under torchrun, the process that torch.distributed calls rank {answer['rank']} "
+                f"of {answer['world_size']} got {tuple(answer['got'])} from where_am_i, expected "
+                f"{tuple(truth)}."
+            )
+    passed(
+        "rank, world size and local rank read as ints from the environment on 1 and 2 machines, "
+        "rank 0 of 1 alone; under torchrun both processes agree with torch.distributed."
+    )
+
+
+# --- lesson 4: shuffle before sharding ------------------------------------------------------------
+
+# the check's own data: 10 classes of 60 keys each, in key order, which is class order (as a dataset
+# folder lists them)
+_SORTED_KEYS = [f"{index:06d}" for index in range(600)]
+
+
+def _label_of(key):
+    return int(key) // 60
+
+
+def _cuts(keys, per_shard):
+    """``keys`` cut into consecutive shards of ``per_shard``, the last holding what is left."""
+    return [list(keys[start : start + per_shard]) for start in range(0, len(keys), per_shard)]
+
+
+def _as_shards(got, call):
+    """The learner's answer as a list of lists of keys, or ``CheckFailed`` saying what it is."""
+    try:
+        return [list(shard) for shard in got]
+    except TypeError:
+        raise CheckFailed(
+            f"{call} returned {got!r:.80}: return a list of shards, each a list of keys."
+        ) from None
+
+
+def _random_state():
+    """The state of Python's and NumPy's global random generators."""
+    import random
+
+    import numpy as np
+
+    return random.getstate(), str(np.random.get_state())
+
+
+def _assignment(assign_shards, keys, per_shard, seed):
+    """``assign_shards`` called on a copy of ``keys``; ``CheckFailed`` when it changes the copy or
+    reseeds a global random generator."""
+    given, before = list(keys), _random_state()
+    call = f"assign_shards(keys, {per_shard}, seed={seed})"
+    shards = _as_shards(assign_shards(given, per_shard, seed), call)
+    if given != list(keys):
+        raise CheckFailed(
+            f"{call} reordered the list it was given (random.shuffle(keys) shuffles in place): the "
+            "caller's keys changed under it. Shuffle a copy, or draw a permutation of the indices."
+        )
+    if _random_state() != before:
+        raise CheckFailed(
+            f"{call} reseeded or drew from Python's or NumPy's global random generator "
+            "(random.seed, np.random.seed, random.shuffle): every other user of it, an "
+            "augmentation say, now repeats its numbers or loses them. Make a generator of your "
+            "own from the seed: random.Random(seed) or np.random.default_rng(seed)."
+        )
+    return shards
+
+
+def _each_key_once(shards, keys, per_shard, call):
+    """``CheckFailed`` unless the shards hold every key of ``keys`` once, cut every
+    ``per_shard``."""
+    where = {}
+    for number, shard in enumerate(shards):
+        for key in shard:
+            if key in where:
+                raise CheckFailed(
+                    f"{call}: key {key!r} is in shard {where[key]} and in shard {number}, so its "
+                    "sample would come twice an epoch. Cut the shuffled list into slices that do "
+                    "not overlap: [start : start + per_shard], start going up by per_shard."
+                )
+            where[key] = number
+    given = set(keys)
+    stray = [key for key in where if key not in given]
+    if stray:
+        raise CheckFailed(f"{call}: {stray[0]!r} is not one of the keys given.")
+    lost = [key for key in keys if key not in where]
+    if lost:
+        raise CheckFailed(
+            f"{call}: {len(lost)} of {len(keys)} keys are in no shard (e.g. {lost[0]!r}): those "
+            "samples would never be trained on. Keep the last, shorter shard."
+        )
+    sizes = [len(shard) for shard in shards]
+    if any(size != per_shard for size in sizes[:-1]) or not 0 < sizes[-1] <= per_shard:
+        raise CheckFailed(
+            f"{call}: the shards hold {sorted(set(sizes))} keys; expected {per_shard} in each, "
+            "the last one fewer when the keys run out (as write_shards(maxcount=...) cuts them)."
+        )
+
+
+def _class_mix(shards, keys, per_shard, call):
+    """``CheckFailed`` when the shards are the given order cut up, or a shard holds few
+    classes."""
+    cut = _cuts(keys, per_shard)
+    if shards == cut:
+        raise CheckFailed(
+            f"{call}: shard 0 holds only class {_label_of(shards[0][0])}: you cut the keys in the "
+            "order given, which is class order. Shuffle the whole list first, then cut it."
+        )
+    if [sorted(shard) for shard in shards] == [sorted(shard) for shard in cut]:
+        raise CheckFailed(
+            f"{call}: each shard holds one class, in a new order: you shuffled inside each shard, "
+            "after cutting. A shard's classes are decided by the cut: shuffle the whole list "
+            "before it."
+        )
+    mixes = [len({_label_of(key) for key in shard}) for shard in shards[:-1]]
+    if min(mixes) < 5:
+        number = mixes.index(min(mixes))
+        raise CheckFailed(
+            f"{call}: shard {number} holds {min(mixes)} of 10 classes, where a full shuffle gives "
+            f"every shard of {per_shard} nearly all 10. Shuffle the whole list, then cut."
+        )
+    if all(shard == sorted(shard) for shard in shards):
+        raise CheckFailed(
+            f"{call}: the keys of every shard come in sorted order, so a shard streams its "
+            "classes one after another and a shuffle buffer sees runs of one class. Keep the "
+            "shuffled order within each shard."
+        )
+
+
+def check_assign_shards(assign_shards, root):
+    """Lesson 4: ``assign_shards(keys, per_shard, seed)`` cuts a full shuffle, seeded by ``seed``,
+    into shards of ``per_shard`` keys: every key once, every shard a mix of classes, the same
+    shards from the same seed and others from another seed."""
+    for per_shard, seed in [(50, 1), (64, 7), (600, 3)]:
+        call = f"assign_shards(keys, {per_shard}, seed={seed})"
+        shards = _assignment(assign_shards, _SORTED_KEYS, per_shard, seed)
+        _each_key_once(shards, _SORTED_KEYS, per_shard, call)
+        if len(shards) > 1:
+            _class_mix(shards, _SORTED_KEYS, per_shard, call)
+        if _assignment(assign_shards, _SORTED_KEYS, per_shard, seed) != shards:
+            raise CheckFailed(
+                f"{call} gave other shards when called again with the same seed: draw from a "
+                "generator made from the seed (random.Random(seed) or "
+                "np.random.default_rng(seed)), so that the same seed rewrites the same shards."
+            )
+    if _assignment(assign_shards, _SORTED_KEYS, 50, 1) == _assignment(
+        assign_shards, _SORTED_KEYS, 50, 2
+    ):
+        raise CheckFailed(
+            "assign_shards(keys, 50, seed=1) and seed=2 gave the same shards: the seed must "
+            "choose the shuffle (make the generator from it)."
+        )
+    samples = imagefolder.load_manifest(root)["samples"]
+    keys = sorted(sample["key"] for sample in samples)
+    labels = {sample["key"]: sample["label"] for sample in samples}
+    per_shard = -(-len(keys) // 20)
+    shards = _assignment(assign_shards, keys, per_shard, 0)
+    _each_key_once(shards, keys, per_shard, f"with the dataset's {len(keys):,} keys")
+
+    def mixes(cut):
+        return [len({labels[key] for key in shard}) for shard in cut]
+
+    mixed, unshuffled = mixes(shards), mixes(_cuts(keys, per_shard))
+    passed(
+        f"every key once, the same shards from the same seed; the dataset's {len(keys):,} samples "
+        f"in {len(shards)} shards of {per_shard}, each holding {min(mixed)} to {max(mixed)} of "
+        f"{len(set(labels.values()))} classes (cut in key order: {min(unshuffled)} to "
+        f"{max(unshuffled)})."
+    )
+
+
 def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
     """Keys of one epoch as ``world_size`` simulated ranks × ``num_workers`` DataLoader workers
     stream them from ``shards`` with ``ShardDataset(**options)``: real worker processes where
@@ -916,8 +1454,9 @@ def _dataset_of(loader):
 def _webdataset_keys(make_loader, shards, epoch, rank):
     """The keys rank ``rank`` of 2 gets from ``make_loader(shards, epoch)``, under the variables
     torchrun would set."""
-    import os
     import pickle
+
+    from ..torchrunenv import environment
 
     loader = make_loader(shards, epoch)
     try:
@@ -927,10 +1466,9 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
             f"the pipeline does not pickle ({error}): spawn and forkserver workers would fail. "
             "Use functions defined in a module, or operator.itemgetter/methodcaller, not lambdas."
         ) from None
-    saved = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE")}
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
     try:
-        return [key for batch in loader for key in batch[0]]
+        with environment(RANK=rank, WORLD_SIZE=2):  # reaches forkserver workers too
+            return [key for batch in loader for key in batch[0]]
     except ValueError as error:
         if "nodesplitter" in str(error):
             raise CheckFailed(
@@ -938,12 +1476,6 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
                 "(nodesplitter=wds.split_by_node)."
             ) from None
         raise
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name)
-            else:
-                os.environ[name] = value
 
 
 def check_webdataset_loader(make_loader, shards):

@@ -1,0 +1,65 @@
+"""A map over shards: one task per shard, every sample once in the output, each output written
+whole or not at all, and a run again after a crash maps only what is missing."""
+
+import io
+import multiprocessing
+
+import pytest
+from PIL import Image
+
+from packdata.mapshards import map_shards, resize_sample, resize_shard
+from packdata.shardread import iter_shard_samples
+from packdata.shardwrite import write_shards, write_tar
+
+
+@pytest.fixture(scope="module")
+def shards(tiny_dataset, tmp_path_factory):
+    written = write_shards(
+        tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=16, progress=False
+    )
+    return [info.path for info in written]
+
+
+def labels_by_key(paths):
+    """``{key: label bytes}`` of every sample in ``paths``; a key seen twice fails the test."""
+    found = {}
+    for sample in iter_shard_samples([str(path) for path in paths]):
+        assert sample["__key__"] not in found, f"{sample['__key__']} is in the output twice"
+        found[sample["__key__"]] = sample["cls"]
+    return found
+
+
+def image_size(sample):
+    return Image.open(io.BytesIO(sample["jpg"])).size
+
+
+def test_resize_shard_writes_every_sample_once_resized_in_a_pool(shards, tmp_path):
+    jobs = [(path, tmp_path / path.name) for path in shards]
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        done = dict(pool.imap_unordered(resize_shard, jobs))
+    assert sorted(done) == sorted(target for _, target in jobs)
+    assert sum(done.values()) == len(labels_by_key(shards))
+    assert labels_by_key(done) == labels_by_key(shards)
+    assert {image_size(s) for s in iter_shard_samples([str(p) for p in done])} == {(32, 32)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in shards)
+
+
+def test_resize_shard_leaves_nothing_under_the_target_name_when_it_fails(tmp_path):
+    raw = tmp_path / "raw.tar"  # decoded pixels, which resize_sample refuses
+    write_tar(raw, [("000000", {"npy": b"\x93NUMPY", "cls": b"1"})])
+    with pytest.raises(ValueError, match="holds decoded pixels"):
+        resize_shard((raw, tmp_path / "out.tar"))
+    assert not (tmp_path / "out.tar").exists()
+
+
+def test_map_shards_keeps_outputs_already_there_and_maps_only_the_missing(shards, tmp_path):
+    out = tmp_path / "out"
+    first = map_shards(resize_sample, shards, out, processes=1, progress=False)
+    assert labels_by_key(p for p, _ in first) == labels_by_key(shards)
+    kept, lost = first[0][0], first[1][0]
+    kept_time = kept.stat().st_mtime_ns
+    lost.unlink()  # as if its task had crashed before the rename
+    again = map_shards(resize_sample, shards, out, processes=1, progress=False)
+    assert again == first  # the same paths and sample counts, in input order
+    assert kept.stat().st_mtime_ns == kept_time and lost.exists()
+    assert labels_by_key(p for p, _ in again) == labels_by_key(shards)
