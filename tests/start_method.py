@@ -1,0 +1,13 @@
+"""Start worker processes in a notebook kernel the way Python 3.14 or macOS would.
+
+`make test` points ``PYTHONSTARTUP`` at this file, and IPython kernels run it before the first
+cell: every ``DataLoader``, ``WebLoader`` and ``Pool`` a lesson makes without a
+``multiprocessing_context`` of its own then starts its workers with ``$PACKDATA_START_METHOD``,
+``forkserver`` unless set (the default on Linux from Python 3.14; 3.11 to 3.13 fork).
+tests/test_start_methods.py sets ``spawn``, the default on macOS and Windows.
+"""
+
+import multiprocessing
+import os
+
+multiprocessing.set_start_method(os.environ.get("PACKDATA_START_METHOD", "forkserver"))
