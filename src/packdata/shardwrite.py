@@ -176,7 +176,10 @@ def write_shards(
     order = list(range(len(samples)))
     if shuffle_seed is not None:
         order = np.random.default_rng(shuffle_seed).permutation(len(samples)).tolist()
-    encoded = map_in_processes(samples, order, processes, chunksize=64)
+    chunk = max(
+        1, min(64, len(order) // (4 * processes))
+    )  # a few chunks per process, even when few
+    encoded = map_in_processes(samples, order, processes, chunksize=chunk)
     with closing(encoded), ShardWriter(out_dir, prefix, maxcount, maxsize) as writer:
         for key, label, data in tqdm(
             encoded, total=len(order), desc=f"{prefix} shards", unit="img", disable=not progress
