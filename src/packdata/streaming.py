@@ -9,7 +9,9 @@ data::
       batched
 
 All ranks and workers shuffle the shard list with the same seed before splitting it, so the parts
-never overlap and every sample arrives exactly once per epoch across all ranks and workers.
+never overlap and every sample arrives exactly once per epoch across all ranks and workers. The
+order is a function of seed, epoch, rank and worker, so a worker's place in it is two counts, which
+``state_dict`` returns and ``load_state_dict`` resumes from (``packdata.resume``).
 ``set_epoch`` picks a new shard order; the shuffle buffer then mixes samples from the shards a
 worker has open.
 
@@ -21,6 +23,7 @@ import operator
 import os
 import random
 import warnings
+from functools import partial
 from itertools import chain, islice
 
 import torch
@@ -31,6 +34,16 @@ from .fields import decode_field, image_field
 from .images import IMAGE_FIELDS, check_decoder
 from .layout import ShardError, expand_shards, group_samples, is_meta, raise_now
 from .plaingroup import plain_tuples
+from .resume import (
+    WHOLE,
+    Layout,
+    Progress,
+    checked,
+    continued,
+    fingerprint,
+    progress_from,
+    starting,
+)
 from .shardread import count_shard_samples, read_shard
 from .tario import TarFormatError
 from .tarscan import scan_readable
@@ -59,13 +72,24 @@ def split_shards(shards, rank, world_size, worker, num_workers):
 # --- reading --------------------------------------------------------------------------------------
 
 
-def read_tuples(shards, keys, report):
-    """The ``keys`` tuples of each shard's samples in turn, the fast way when the shard allows it.
+def read_tuples(shards, keys, report, progress):
+    """The ``keys`` tuples of the samples left in each of ``shards`` (``(shard, resume.Rest)``
+    pairs) in turn, from where ``progress`` stands (all of them, on a fresh start), each counted
+    there as it is taken in.
 
     ``chain`` drops each shard's iterator, and with it the shard's bytes, before it reads the next
     shard: two shards alive at once would send the memory of one back to the system after every
     shard, and the next read would pay a page fault per 4 KiB to get it back."""
-    return chain.from_iterable(shard_tuples(shard, keys, report) for shard in shards)
+    return chain.from_iterable(
+        progress.counted(index, islice(left_tuples(*shards[index], keys, report), skip, None))
+        for index, skip in progress.todo(len(shards))
+    )
+
+
+def left_tuples(shard, rest, keys, report):
+    """The ``keys`` tuples of the samples ``rest`` leaves of ``shard``, the fast way when the shard
+    allows it; a shard with nothing left is not read."""
+    return iter(()) if rest.is_empty() else rest.kept(shard_tuples(shard, keys, report))
 
 
 def shard_tuples(shard, keys, report):
@@ -193,6 +217,10 @@ def equal_quotas(counts, target):
     return quotas
 
 
+def ignore(error, shard=None):
+    """Report nothing: for samples read a second time after a resume, reported the first time."""
+
+
 class Skips:
     """What one worker skipped in one epoch, when skipping was asked for."""
 
@@ -258,6 +286,9 @@ class ShardDataset(IterableDataset):
       shards otherwise.
     - ``splitter``/``buffer``: replace the ``split_shards`` and ``shuffle_buffer`` stages (used by
       the exercises).
+    - ``state_dict()``/``load_state_dict()``: resume mid-epoch, with ``StatefulDataLoader`` or by
+      hand: the same ranks and workers continue the same order; other numbers of them get the rest
+      of the epoch (``packdata.resume`` describes both, and the state).
     """
 
     def __init__(
@@ -330,6 +361,7 @@ class ShardDataset(IterableDataset):
         # seen by workers that outlive an epoch
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self.last_skips = None
+        self._progress = self._loaded = None  # this process's iteration, and a state to resume
 
     @property
     def epoch(self):
@@ -339,20 +371,47 @@ class ShardDataset(IterableDataset):
         """Use epoch ``epoch``'s shard order (and buffer seed) from the next iteration on. Call it
         before each epoch, in the main process. The epoch lives in shared memory, so workers kept
         alive across epochs (``persistent_workers=True``) see it too, not only workers started
-        afterwards."""
+        afterwards. A state loaded for another epoch is dropped: this epoch starts afresh."""
         self._epoch.fill_(operator.index(epoch))
+        if self._loaded is not None and self._loaded["epoch"] != self.epoch:
+            self._loaded = None
 
-    def epoch_order(self):
-        """The whole shard list in this epoch's order, as every rank and worker sees it."""
-        return (
-            shuffle_shards(self.shards, self.seed, self.epoch)
-            if self.shuffle
-            else list(self.shards)
-        )
+    def epoch_order(self, epoch=None):
+        """The whole shard list in this epoch's order (or epoch ``epoch``'s), as every rank and
+        worker sees it."""
+        epoch = self.epoch if epoch is None else epoch
+        return shuffle_shards(self.shards, self.seed, epoch) if self.shuffle else list(self.shards)
 
     def shards_for(self, worker=0, num_workers=1):
         """The shards worker ``worker`` of ``num_workers`` on this rank reads this epoch."""
         return self.splitter(self.epoch_order(), self.rank, self.world_size, worker, num_workers)
+
+    def part(self, epoch, rest, layout):
+        """The part of epoch ``epoch``'s ``rest`` (a ``resume.EpochRest``; ``resume.WHOLE``: the
+        whole epoch) that the worker at ``layout`` delivers: its shards as ``(index in shards,
+        resume.Rest)`` pairs in reading order, and how many samples it takes in (None: all).
+
+        A rest is split as the epoch is, so that with as many ranks as before every rank keeps its
+        shards (and, with ``equalize``, ranks with equal rests stay equal)."""
+        index, order = {shard: n for n, shard in enumerate(self.shards)}, self.epoch_order(epoch)
+
+        def split(rank, worker, num_workers):
+            part = self.splitter(order, rank, layout.world_size, worker, num_workers)
+            return [index[shard] for shard in part]
+
+        mine = split(layout.rank, layout.worker, layout.num_workers)
+        mine = [(shard, rest.of(shard)) for shard in mine]
+        if not self.equalize:
+            return mine, None
+        sizes = [self.sizes()[shard] for shard in self.shards]
+
+        def left(shards):
+            return sum(rest.of(shard).count(sizes[shard]) for shard in shards)
+
+        per_rank = [left(split(rank, 0, 1)) for rank in range(layout.world_size)]
+        workers = range(layout.num_workers)
+        ours = [left(split(layout.rank, worker, layout.num_workers)) for worker in workers]
+        return mine, equal_quotas(ours, min(per_rank))[layout.worker]
 
     def sizes(self):
         """``{shard: number of samples}``, counted (one read per shard) the first time it is needed.
@@ -372,18 +431,8 @@ class ShardDataset(IterableDataset):
 
     def quota(self, worker, num_workers):
         """How many samples this worker yields this epoch when ``equalize`` (else None)."""
-        if not self.equalize:
-            return None
-        sizes, order = self.sizes(), self.epoch_order()
-        per_rank = [
-            sum(sizes[s] for s in self.splitter(order, rank, self.world_size, 0, 1))
-            for rank in range(self.world_size)
-        ]
-        mine = [
-            sum(sizes[s] for s in self.splitter(order, self.rank, self.world_size, w, num_workers))
-            for w in range(num_workers)
-        ]
-        return equal_quotas(mine, min(per_rank))[worker]
+        layout = Layout(self.rank, self.world_size, worker, num_workers)
+        return self.part(self.epoch, WHOLE, layout)[1]
 
     def __len__(self):
         """Samples this rank yields this epoch (not batches)."""
@@ -393,29 +442,69 @@ class ShardDataset(IterableDataset):
         return sum(sizes[shard] for shard in self.shards_for())
 
     def __iter__(self):
-        info = get_worker_info()
-        return self.iterate(*(0, 1) if info is None else (info.id, info.num_workers))
+        return self.iterate(*_worker())
 
     def iterate(self, worker=0, num_workers=1):
         """The pipeline of one worker: what ``__iter__`` runs in DataLoader worker ``worker`` of
-        ``num_workers``."""
-        where = f"rank {self.rank} worker {worker}"
-        report = Skips(where) if self.errors == "skip" else raise_now
+        ``num_workers``; from a loaded state's place when one was loaded for this epoch."""
+        layout = Layout(self.rank, self.world_size, worker, num_workers)
+        report = Skips(f"rank {self.rank} worker {worker}") if self.errors == "skip" else raise_now
         provenance = ("__url__", "__key__") if self.decode else ()  # for decode's error messages
-        samples = read_tuples(self.shards_for(worker, num_workers), provenance + self.keys, report)
-        quota = self.quota(worker, num_workers)
-        if quota is not None:
-            samples = islice(samples, quota)
-        if self.buffer_size > 1:
-            samples = self.buffer(
-                samples, self.buffer_size, random.Random(f"buffer:{self.seed}:{self.epoch}:{where}")
-            )
+        keys = provenance + self.keys
+        loaded, self._loaded = self._loaded, None  # used once
+        progress = self._progress = starting(loaded, self.epoch, layout)
+        part, quota = self.part(progress.epoch, progress.rest, layout)
+        shards = [(self.shards[index], rest) for index, rest in part]
+        quiet = report if report is raise_now else ignore  # a second read reports nothing again
+        samples = continued(
+            progress,
+            self.epoch,
+            read_tuples(shards, keys, report, progress),
+            quota,
+            partial(self.shuffled, epoch=progress.epoch, rest=progress.rest, layout=layout),
+            lambda index: left_tuples(*shards[index], keys, quiet),
+        )
         if self.decode:
             batching = bool(self.batch_size)
             samples = decode(samples, self.keys, self.transform, self.decoder, report, batching)
         if self.batch_size:
             samples = batched(samples, self.batch_size)
         return samples if report is raise_now else self.reporting(samples, report)
+
+    def shuffled(self, samples, epoch, rest, layout):
+        """``samples`` through the shuffle buffer of the worker at ``layout`` in epoch ``epoch``
+        (seeded anew for a rest of the epoch: ``rest.generation``)."""
+        if self.buffer_size <= 1:
+            return samples
+        again = f":rest {rest.generation}" if rest.generation else ""
+        seed = f"buffer:{self.seed}:{epoch}:rank {layout.rank} worker {layout.worker}{again}"
+        return self.buffer(samples, self.buffer_size, random.Random(seed))
+
+    # --- resuming (packdata.resume describes the state) -------------------------------------------
+
+    def fingerprint(self):
+        """What a saved state must agree with to be loaded here, in words."""
+        return fingerprint(
+            self.shards, self.seed, self.shuffle, self.buffer_size, self.keys, self.equalize
+        )
+
+    def state_dict(self):
+        """Where this worker (this process, without DataLoader workers) is in its epoch: a small
+        JSON-able dict. ``StatefulDataLoader`` calls it in each worker."""
+        layout = Layout(self.rank, self.world_size, *_worker())
+        if self._loaded is not None:  # loaded, not iterated yet
+            return progress_from(self._loaded, layout).state(self.fingerprint())
+        progress = self._progress or Progress(self.epoch, WHOLE, layout)
+        return progress.state(self.fingerprint())
+
+    def load_state_dict(self, state):
+        """Resume the epoch of ``state`` at the next iteration (``set_epoch`` to it, as in every
+        epoch).
+
+        ``state``: a worker's ``state_dict`` (the same layout, continued in the same order), or a
+        ``resume.rest_of_epoch`` (any layout: load it on every rank before making the loader).
+        ``StatefulDataLoader.load_state_dict`` has it called in each worker."""
+        self._loaded = checked(state, self.fingerprint())
 
     def reporting(self, samples, skips):
         """Yield from ``samples``, then keep the epoch's ``skips`` in ``last_skips`` and warn when
@@ -424,3 +513,9 @@ class ShardDataset(IterableDataset):
         self.last_skips = skips
         if skips:
             warnings.warn(skips.summary(), stacklevel=2)
+
+
+def _worker():
+    """``(worker, num_workers)`` of this DataLoader worker; ``(0, 1)`` outside workers."""
+    info = get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)

@@ -1,0 +1,500 @@
+"""Resuming a ``ShardDataset`` mid-epoch: with ``StatefulDataLoader``, after a real SIGKILL, and
+with other numbers of ranks and workers; every sample exactly once per epoch, then the usual next
+epoch.
+
+Exactly once is counted against the checkpoint: what was delivered after the last checkpoint and
+before the kill comes again after the restart, as a training job restarted from that checkpoint
+needs. Run as a script, this file is the training job that the kill tests start and kill."""
+
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from packdata.atomic import written_atomically
+from packdata.resume import loader_states, rest_of_epoch
+from packdata.shardwrite import write_shards as write_image_shards
+from packdata.streaming import ShardDataset
+
+KEYS = ("__key__", "cls")
+SIZES = [5, 9, 3, 12, 7, 1, 8, 6, 4, 10]  # uneven on purpose; 65 samples in 10 shards
+PROPERTY = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def write_shards(folder):
+    """Tiny shards of ``SIZES`` samples: a key and a label each, nothing to decode."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for shard, size in enumerate(SIZES):
+        with tarfile.open(
+            folder / f"tiny-{shard:02d}.tar", "w", format=tarfile.USTAR_FORMAT
+        ) as tar:
+            for number in range(size):
+                payload = str(number % 10).encode()
+                info = tarfile.TarInfo(f"s{shard:02d}n{number:03d}.cls")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return sorted(str(path) for path in folder.glob("tiny-*.tar"))
+
+
+@pytest.fixture(scope="module")
+def urls(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("tiny-shards"))
+
+
+@pytest.fixture(scope="module")
+def all_keys(urls):
+    return sorted(
+        f"s{shard:02d}n{number:03d}" for shard, n in enumerate(SIZES) for number in range(n)
+    )
+
+
+def dataset(urls, rank=0, world_size=1, buffer_size=6, **options):
+    return ShardDataset(
+        urls,
+        rank=rank,
+        world_size=world_size,
+        seed=11,
+        buffer_size=buffer_size,
+        keys=KEYS,
+        decode=False,
+        **options,
+    )
+
+
+def keys_of(batch):
+    """The sample keys of a batch collated from ``(key, label)`` tuples."""
+    return list(batch[0])
+
+
+def assert_exactly_once(delivered, expected, context=""):
+    repeated = {key: n for key, n in Counter(delivered).items() if n > 1}
+    assert not repeated, f"{context}delivered more than once: {repeated}"
+    missing = set(expected) - set(delivered)
+    assert sorted(delivered) == sorted(expected), f"{context}missing: {missing}"
+
+
+# --- the state ------------------------------------------------------------------------------------
+
+
+def test_a_state_is_small_json_and_names_what_it_counts(urls):
+    data = dataset(urls)
+    stream = data.iterate()
+    next(stream), next(stream), next(stream)
+    state = data.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert state["epoch"] == 0 and state["rest"] is None and state["layout"] == [0, 1, 0, 1]
+    assert state["yielded"] == 3 and sum(state["read"]) == 3 + 6  # the buffer of 6 filled first
+    assert state["dataset"].startswith("10 shards ") and "seed 11" in state["dataset"]
+
+
+def test_a_state_before_iterating_is_the_start_of_the_epoch(urls):
+    data = dataset(urls)
+    data.set_epoch(4)
+    state = data.state_dict()
+    assert (state["epoch"], state["read"], state["yielded"]) == (4, [], 0)
+    resumed = dataset(urls)
+    resumed.set_epoch(4)
+    resumed.load_state_dict(state)
+    assert list(resumed.iterate()) == list(data.iterate())
+
+
+def test_a_state_of_another_dataset_or_layout_is_refused(urls):
+    data = dataset(urls, rank=1, world_size=2)
+    state = data.state_dict()
+    with pytest.raises(ValueError, match="another dataset.*seed 11.*seed 12"):
+        ShardDataset(urls, rank=1, world_size=2, seed=12, buffer_size=6, keys=KEYS).load_state_dict(
+            state
+        )
+    other = dataset(urls, rank=1, world_size=3)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="rank 1 of 2.*rank 1 of 3.*rest_of_epoch"):
+        list(other.iterate())
+    with pytest.raises(ValueError, match="not a ShardDataset state"):
+        data.load_state_dict({"epoch": 0})
+
+
+def test_the_rest_of_an_epoch_needs_every_worker_of_every_rank(urls):
+    states = [dataset(urls, rank=rank, world_size=2).state_dict() for rank in range(2)]
+    with pytest.raises(ValueError, match="every worker of every rank.*rank 1 of 2, worker 0 of 1"):
+        rest_of_epoch(dataset(urls), states[:1])
+    with pytest.raises(ValueError, match="each once"):
+        rest_of_epoch(dataset(urls), states + states[1:])
+
+
+def test_loader_states_refuse_a_checkpoint_between_snapshots(urls):
+    loader = StatefulDataLoader(
+        dataset(urls), batch_size=4, num_workers=1, snapshot_every_n_steps=3
+    )
+    batches = iter(loader)
+    next(batches)
+    with pytest.raises(ValueError, match="1 step.*snapshot_every_n_steps=1"):
+        loader_states(loader.state_dict())
+
+
+# --- StatefulDataLoader ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+@pytest.mark.parametrize("batching", ["loader", "dataset"])
+def test_stateful_dataloader_resumes_the_same_order_exactly(urls, all_keys, num_workers, batching):
+    def loader():
+        in_dataset = 4 if batching == "dataset" else None
+        return StatefulDataLoader(
+            dataset(urls, batch_size=in_dataset),
+            batch_size=None if in_dataset else 4,
+            num_workers=num_workers,
+        )
+
+    whole = [keys_of(batch) for batch in loader()]
+    first = loader()
+    batches = iter(first)
+    before = [keys_of(next(batches)) for _ in range(5)]
+    state = first.state_dict()
+    del batches, first  # the job is gone; a new one loads the checkpoint
+    again = loader()
+    again.load_state_dict(state)
+    after = [keys_of(batch) for batch in again]
+    assert before + after == whole
+    assert_exactly_once([key for batch in before + after for key in batch], all_keys)
+
+
+@pytest.mark.parametrize("num_workers, then", [(2, 1), (1, 3), (0, 2), (2, 0)])
+def test_stateful_dataloader_resumes_with_other_workers(urls, all_keys, num_workers, then):
+    first = StatefulDataLoader(dataset(urls), batch_size=4, num_workers=num_workers)
+    batches = iter(first)
+    before = [key for _ in range(6) for key in keys_of(next(batches))]
+    state = first.state_dict()
+    resumed = dataset(urls)
+    resumed.load_state_dict(rest_of_epoch(resumed, loader_states(state)))
+    after = StatefulDataLoader(resumed, batch_size=4, num_workers=then)
+    assert_exactly_once(before + [key for batch in after for key in keys_of(batch)], all_keys)
+
+
+def loader_in(urls, epoch, num_workers, state=None, rest=None):
+    """A new job's loader over epoch ``epoch``: from a loader ``state`` (the same number of
+    workers), or with the rest of an epoch loaded into the dataset (any number)."""
+    data = dataset(urls)
+    data.set_epoch(epoch)
+    if rest is not None:
+        data.load_state_dict(rest)
+    loader = StatefulDataLoader(data, batch_size=4, num_workers=num_workers)
+    if state is not None:
+        loader.load_state_dict(state)
+    return loader
+
+
+def keys_in(loader, epoch=None):
+    if epoch is not None:
+        loader.dataset.set_epoch(epoch)
+    return [key for batch in loader for key in keys_of(batch)]
+
+
+@pytest.mark.parametrize("num_workers, then", [(0, 0), (2, 2), (0, 2), (2, 1)])
+def test_the_epoch_after_a_resumed_one_is_the_usual_next_epoch(urls, all_keys, num_workers, then):
+    first = loader_in(urls, 2, num_workers)
+    batches = iter(first)
+    before = [key for _ in range(3) for key in keys_of(next(batches))]
+    state = first.state_dict()
+    del batches
+    if then == num_workers:
+        loader = loader_in(urls, 2, then, state=state)
+    else:
+        loader = loader_in(urls, 2, then, rest=rest_of_epoch(dataset(urls), loader_states(state)))
+    assert_exactly_once(before + keys_in(loader), all_keys)
+    assert keys_in(loader, 3) == keys_in(loader_in(urls, 3, then))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_checkpoint_at_the_end_of_an_epoch_starts_the_next(urls, num_workers):
+    first = loader_in(urls, 0, num_workers)
+    keys_in(first)
+    loader = loader_in(urls, 1, num_workers, state=first.state_dict())
+    assert keys_in(loader) == keys_in(loader_in(urls, 1, num_workers))
+
+
+def test_a_state_from_the_middle_of_another_epoch_is_refused(urls):
+    data = dataset(urls)
+    data.set_epoch(2)
+    next(data.iterate())
+    resumed = dataset(urls)
+    resumed.load_state_dict(data.state_dict())
+    with pytest.raises(ValueError, match="middle of epoch 2.*at epoch 0: call set_epoch\\(2\\)"):
+        next(resumed.iterate())
+    resumed.load_state_dict(data.state_dict())
+    resumed.set_epoch(5)  # another epoch drops the state: it starts afresh
+    fresh = dataset(urls)
+    fresh.set_epoch(5)
+    assert list(resumed.iterate()) == list(fresh.iterate())
+
+
+def test_persistent_workers_start_the_next_epoch_afresh_after_a_resume(urls):
+    first = StatefulDataLoader(dataset(urls), batch_size=4, num_workers=2, persistent_workers=True)
+    batches = iter(first)
+    next(batches)
+    state = first.state_dict()
+    del batches
+    data = dataset(urls)
+    loader = StatefulDataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
+    loader.load_state_dict(state)
+    list(loader)
+    data.set_epoch(1)
+    fresh = dataset(urls)
+    fresh.set_epoch(1)
+    expected = [keys_of(batch) for batch in StatefulDataLoader(fresh, batch_size=4, num_workers=2)]
+    assert [keys_of(batch) for batch in loader] == expected
+
+
+def test_decoded_batches_resume_exactly(tiny_dataset, tmp_path):
+    write_image_shards(tiny_dataset, tmp_path, maxcount=9, progress=False)
+    urls = sorted(str(path) for path in tmp_path.glob("train-*.tar"))
+
+    def loader():
+        data = ShardDataset(urls, buffer_size=10, keys=("jpg", "cls", "__key__"), batch_size=5)
+        return StatefulDataLoader(data, batch_size=None, num_workers=2)
+
+    whole = list(loader())
+    first = loader()
+    batches = iter(first)
+    before = [next(batches) for _ in range(4)]
+    state = first.state_dict()
+    del batches
+    again = loader()
+    again.load_state_dict(state)
+    resumed = before + list(again)
+    assert len(resumed) == len(whole)
+    for (images, labels, keys), (images_then, labels_then, keys_then) in zip(resumed, whole):
+        assert keys == keys_then and torch.equal(labels, labels_then)
+        assert torch.equal(images, images_then)
+
+
+# --- a real kill ----------------------------------------------------------------------------------
+
+
+def train(shards, folder, num_workers, every=3, epochs=2, pause=0.04):
+    """The training job the kill tests kill: read ``epochs`` epochs in batches of 4, log every
+    batch's keys, save a checkpoint (atomically) every ``every`` steps; on start, resume from the
+    checkpoint in ``folder`` if there is one, with the same loader state when ``num_workers`` is
+    the checkpoint's, else with the rest of its epoch."""
+    folder = Path(folder)
+    data = dataset(sorted(str(path) for path in Path(shards).glob("tiny-*.tar")))
+    loader = StatefulDataLoader(data, batch_size=4, num_workers=num_workers)
+    checkpoint = folder / "checkpoint.pt"
+    start, step = (0, 0)
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        start, step = saved["epoch"], saved["step"]
+        if saved["num_workers"] == num_workers:
+            loader.load_state_dict(saved["loader"])
+        else:
+            data.load_state_dict(rest_of_epoch(data, loader_states(saved["loader"])))
+    with open(folder / f"log-{os.getpid()}.jsonl", "a") as log:
+        for epoch in range(start, epochs):
+            data.set_epoch(epoch)
+            for batch in loader:
+                log.write(json.dumps({"epoch": epoch, "step": step, "keys": keys_of(batch)}) + "\n")
+                log.flush()
+                step += 1
+                if step % every == 0:
+                    state = {"epoch": epoch, "step": step, "num_workers": num_workers}
+                    with written_atomically(checkpoint) as file:
+                        torch.save({**state, "loader": loader.state_dict()}, file)
+                time.sleep(pause)
+            step = 0
+
+
+def job(shards, folder, num_workers):
+    command = [sys.executable, __file__, str(shards), str(folder), str(num_workers)]
+    return subprocess.Popen(command, start_new_session=True)  # its own group: workers die with it
+
+
+def logged(folder, pid):
+    path = Path(folder) / f"log-{pid}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("num_workers, then", [(2, 2), (0, 0), (2, 1)])
+def test_a_killed_job_resumes_from_its_checkpoint_exactly_once(
+    urls, all_keys, tmp_path, num_workers, then
+):
+    steps = -(-len(all_keys) // 4)
+    kill_at = random.randrange(1, steps - 2)  # a random step of the first epoch
+    first = job(Path(urls[0]).parent, tmp_path, num_workers)
+    deadline = time.monotonic() + 60
+    while len(logged(tmp_path, first.pid)) < kill_at and time.monotonic() < deadline:
+        assert first.poll() is None, "the job ended before it was killed"
+        time.sleep(0.01)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    killed = logged(tmp_path, first.pid)
+    assert {line["epoch"] for line in killed} == {0}, f"killed at step {kill_at}: too late"
+    saved = (tmp_path / "checkpoint.pt").exists()
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["step"] if saved else 0
+    second = job(Path(urls[0]).parent, tmp_path, then)
+    assert second.wait(timeout=120) == 0
+    resumed = logged(tmp_path, second.pid)
+    epochs = [[line for line in resumed if line["epoch"] == epoch] for epoch in (0, 1)]
+    kept = [line for line in killed if line["step"] < checkpoint]
+    delivered = [key for line in kept + epochs[0] for key in line["keys"]]
+    # against the checkpoint: what it kept, then what the restart delivered
+    assert_exactly_once(delivered, all_keys, f"killed at step {kill_at}, checkpoint {checkpoint}: ")
+    again = [line["keys"] for line in killed if line["step"] >= checkpoint]
+    if then == num_workers:  # the same layout goes on in the same order: the same batches again
+        assert [line["keys"] for line in epochs[0][: len(again)]] == again
+    next_epoch = dataset(urls)
+    next_epoch.set_epoch(1)
+    expected = StatefulDataLoader(next_epoch, batch_size=4, num_workers=then)
+    assert [line["keys"] for line in epochs[1]] == [keys_of(batch) for batch in expected]
+
+
+# --- properties: any kill points, any numbers of ranks and workers --------------------------------
+
+
+def interleaved(streams):
+    """``(worker, item)`` from each of the workers' ``streams`` in turn, as a DataLoader takes
+    them; an exhausted stream drops out."""
+    active = dict(enumerate(streams))
+    while active:
+        for worker, stream in list(active.items()):
+            item = next(stream, None)
+            if item is None:
+                del active[worker]
+            else:
+                yield worker, item
+
+
+def run(urls, layout, epoch, loaded, stops, **options):
+    """Every rank of ``layout`` (world size, workers) in ``epoch``, from ``loaded``: None (the
+    start), a rest of the epoch, or a state per worker per rank; rank ``r`` stops after
+    ``stops[r]`` samples (None: at the end). The keys each worker of each rank delivered, and every
+    worker's state then (through JSON, as a checkpoint keeps it)."""
+    world_size, num_workers = layout
+    delivered, states = [], []
+    for rank in range(world_size):
+        workers = [dataset(urls, rank, world_size, **options) for _ in range(num_workers)]
+        for worker, data in enumerate(workers):
+            data.set_epoch(epoch)
+            if isinstance(loaded, list):
+                data.load_state_dict(loaded[rank][worker])
+            elif loaded is not None:
+                data.load_state_dict(loaded)
+        streams = [data.iterate(worker, num_workers) for worker, data in enumerate(workers)]
+        delivered.append([[] for _ in workers])
+        for worker, (key, _) in islice(interleaved(streams), stops[rank]):
+            delivered[rank][worker].append(key)
+        states.append([json.loads(json.dumps(data.state_dict())) for data in workers])
+    return delivered, states
+
+
+def flat(per_rank):
+    """The keys of every worker of every rank, in one list."""
+    return [key for workers in per_rank for keys in workers for key in keys]
+
+
+def every_worker(states):
+    """The states of every worker of every rank, in one list."""
+    return [state for workers in states for state in workers]
+
+
+layouts = st.tuples(st.integers(1, 3), st.integers(1, 3))
+
+
+@PROPERTY
+@given(data=st.data(), buffer_size=st.sampled_from([0, 4, 20]), epoch=st.integers(0, 3))
+def test_kills_and_resumes_with_any_layouts_deliver_every_sample_once(
+    urls, all_keys, data, buffer_size, epoch
+):
+    plan = data.draw(st.lists(layouts, min_size=2, max_size=4), label="layouts")
+    delivered, loaded = [], None
+    for segment, layout in enumerate(plan):
+        last = segment == len(plan) - 1
+        stops = [None if last else data.draw(st.integers(0, 40)) for _ in range(layout[0])]
+        keys, states = run(urls, layout, epoch, loaded, stops, buffer_size=buffer_size)
+        delivered += flat(keys)
+        if not last:  # the same layout may load the workers' states, any layout the rest
+            same = plan[segment + 1] == layout and data.draw(st.booleans(), label="worker states")
+            merged = (
+                None
+                if same
+                else rest_of_epoch(dataset(urls, buffer_size=buffer_size), every_worker(states))
+            )
+            loaded = states if same else merged
+    assert_exactly_once(delivered, all_keys)
+
+
+@PROPERTY
+@given(
+    data=st.data(),
+    layout=layouts,
+    buffer_size=st.sampled_from([0, 3, 20]),
+    kills=st.integers(1, 3),
+)
+def test_the_same_layout_resumes_the_same_order(urls, data, layout, buffer_size, kills):
+    whole, _ = run(urls, layout, 1, None, [None] * layout[0], buffer_size=buffer_size)
+    delivered, loaded = [[[] for _ in range(layout[1])] for _ in range(layout[0])], None
+    for kill in range(kills + 1):
+        last = kill == kills
+        stops = [None if last else data.draw(st.integers(0, 30)) for _ in range(layout[0])]
+        keys, states = run(urls, layout, 1, loaded, stops, buffer_size=buffer_size)
+        delivered = [[a + b for a, b in zip(*pair)] for pair in zip(delivered, keys)]
+        loaded = states
+    assert delivered == whole
+
+
+@PROPERTY
+@given(data=st.data(), first=layouts, then=layouts, epoch=st.integers(0, 2))
+def test_equalized_ranks_stay_equal_and_lose_nothing_when_the_world_size_stays(
+    urls, data, first, then, epoch
+):
+    whole, _ = run(urls, first, epoch, None, [None] * first[0], equalize=True)
+    plan = flat(whole)
+    steps = data.draw(st.integers(0, len(plan) // first[0]))  # ranks stop together, as in DDP
+    before, states = run(urls, first, epoch, None, [steps] * first[0], equalize=True)
+    rest = rest_of_epoch(dataset(urls, equalize=True), every_worker(states))
+    after, _ = run(urls, then, epoch, rest, [None] * then[0], equalize=True)
+    delivered = flat(before) + flat(after)
+    assert len({len(flat([rank])) for rank in after}) == 1, "every rank yields as many samples"
+    assert len(delivered) == len(set(delivered)) and set(delivered) <= set(plan)
+    if then[0] == first[0]:
+        assert sorted(delivered) == sorted(plan)
+
+
+def test_a_sample_skipped_for_a_missing_label_is_skipped_again_after_a_resume(
+    urls, tmp_path, all_keys
+):
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in ["b000.cls", "b001.txt", "b002.cls"]:
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"1"))
+    shards = [*urls, str(bad)]
+    with pytest.warns(UserWarning, match="1 sample"):
+        whole = [key for key, _ in dataset(shards, shuffle=False, errors="skip").iterate()]
+    first = dataset(shards, shuffle=False, errors="skip")
+    before = [key for key, _ in islice(first.iterate(), len(whole) - 1)]
+    resumed = dataset(shards, shuffle=False, errors="skip")
+    resumed.load_state_dict(first.state_dict())
+    with pytest.warns(UserWarning, match="1 sample"):  # read again after the resume: reported again
+        after = [key for key, _ in resumed.iterate()]
+    assert before + after == whole
+    assert sorted(whole) == sorted([*all_keys, "b000", "b002"])
+
+
+if __name__ == "__main__":
+    train(sys.argv[1], sys.argv[2], int(sys.argv[3]))
