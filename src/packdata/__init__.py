@@ -6,6 +6,7 @@ the layers listed before it (``tests/test_architecture.py`` holds the package to
 Bytes and processes
 - ``atomic``      — files and folders that appear under their name only once complete
 - ``perprocess``  — state of one process: file handles, connections, a function in a pool's workers
+- ``torchrunenv`` — one rank's torchrun variables for a block: this process and its new workers
 - ``childserver`` — a server in a process of its own, started by a command, stopped by a line
 - ``httpclient``  — keep-alive HTTP client, a seekable file over Range GETs, file versions (ETags)
 - ``images``      — JPEG encode, decode with PIL or torchvision, raw ``.npy`` pixels, payloads
@@ -34,10 +35,14 @@ Packed and sharded
 
 Reading for training
 - ``datasets``    — map-style datasets over folders, ZIPs and indexed tars, local or over HTTP
+- ``resume``      — where a stream's worker is in its epoch, and the rest of an epoch after a kill
 - ``streaming``   — stream shards: exactly once per epoch across ranks and workers, shuffled twice
 - ``audit``       — what DataLoader workers really read, checked against the manifest
+- ``preemption``  — a training job killed for real and restarted from its checkpoint, audited
+- ``rankaudit``   — which samples each rank reads under DistributedSampler: twice, never, resumed
 - ``bench``       — measure a DataLoader configuration, count every sample
 - ``compare``     — configurations measured in turn, round after round; verdicts only when clear
+- ``ceiling``     — what workers could reach here: the same work in plain processes, in turn
 - ``datawait``    — is the GPU waiting? each training step's wait for data apart from its compute
 - ``train``       — a small CNN and its train/evaluate loop, for the lessons and
   ``scripts/train.py``
@@ -48,6 +53,8 @@ Storage and servers
 - ``netstore``    — an emulated network store: HTTP on loopback with latency and a bandwidth cap
 - ``service``     — a dataset service (JSON API, uploads) on the same server, and its client
 - ``transfer``    — upload datasets per object or as shards; stage shards to local scratch
+- ``shardcache``  — remote shards cached on local disk: a byte limit, LRU, one download per shard
+- ``cachebench``  — stream, stage or cache, measured side by side on the emulated store
 - ``s3``          — an S3 server on loopback (moto, its own process); boto3, s3fs by one setting
 - ``system``      — versions, cores and accelerator of this machine
 - ``cli``         — the ``packdata`` command

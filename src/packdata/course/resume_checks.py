@@ -1,0 +1,158 @@
+"""Checks for lesson 7's exercises: a stream that resumes mid-epoch, and DDP's index split.
+
+Each check runs the learner's code for real (a ``StatefulDataLoader`` saved and restored at several
+steps; torch's own ``DistributedSampler`` as the reference) and names the mistake it sees.
+"""
+
+import json
+
+from .checks import CheckFailed, passed
+
+KEYS = ("__key__", "cls")
+BATCH = 8
+
+
+def _loader(stream):
+    """A ``StatefulDataLoader`` over ``stream`` in this process, batches as lists of items."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return StatefulDataLoader(stream, batch_size=BATCH, collate_fn=list)
+
+
+def _keys(batches):
+    """The sample keys of ``batches``, in order."""
+    return [str(item[0]) for batch in batches for item in batch]
+
+
+def _resumed(stream_class, shards, cut):
+    """Keys read before a checkpoint taken after ``cut`` batches, the saved dataset state, and the
+    keys a fresh loader reads after loading that checkpoint."""
+    first = _loader(stream_class(shards))
+    batches = iter(first)
+    before = _keys(next(batches) for _ in range(cut))
+    state = first.state_dict()
+    second = _loader(stream_class(shards))
+    second.load_state_dict(state)
+    return before, state.get("dataset_state"), _keys(second)
+
+
+def _state_problem(state, n_samples):
+    """Why a dataset state is not a checkpoint's: missing, not JSON, or growing with the epoch."""
+    if state is None:
+        return (
+            "the loader saved no dataset state: give the class state_dict() and "
+            "load_state_dict(state); StatefulDataLoader calls them"
+        )
+    try:
+        size = len(json.dumps(state))
+    except TypeError as error:
+        return f"state_dict() returned something JSON cannot hold ({error}): keep to ints and strs"
+    if size > 200 or size > n_samples:
+        return (
+            f"state_dict() is {size} characters of JSON: it grows with what was read. Keep where "
+            "the next sample is (a shard and a place in it), not a record of what was read"
+        )
+    return None
+
+
+def _cut_problem(before, after, whole):
+    """What went wrong at the cut, compared with the uninterrupted epoch; None when nothing."""
+    cut = len(before)
+    if before + after == whole:
+        return None
+    if after == whole:
+        return (
+            "the restarted loader began the epoch again: __iter__ must start from the loaded place"
+        )
+    if after[:1] == before[-1:]:
+        return (
+            f"the restarted loader repeated {before[-1]!r}, the last sample before the checkpoint: "
+            "record the place of the next sample before you yield, not after"
+        )
+    if after == whole[cut + 1 :]:
+        return (
+            f"the restarted loader skipped {whole[cut]!r}, the first sample after the checkpoint: "
+            "the saved place is one too far"
+        )
+    lost, again = set(whole) - set(before + after), [key for key in after if key in set(before)]
+    return f"after the restart {len(again)} sample(s) came twice and {len(lost)} never came"
+
+
+def check_resumable_stream(stream_class, shards):
+    """``stream_class(shards)``: an ``IterableDataset`` of ``(key, label)`` that a
+    ``StatefulDataLoader`` saves after any batch and a fresh one resumes exactly, epoch after
+    epoch."""
+    whole = _keys(_loader(stream_class(shards)))
+    n_batches = -(-len(whole) // BATCH)
+    if len(whole) != len(set(whole)):
+        raise CheckFailed(f"one epoch gave {len(whole)} items but {len(set(whole))} keys")
+    for cut in sorted({1, n_batches // 3, n_batches // 2, n_batches - 1} - {0}):
+        before, state, after = _resumed(stream_class, shards, cut)
+        problem = _state_problem(state, len(whole)) or _cut_problem(before, after, whole)
+        if problem:
+            raise CheckFailed(f"checkpoint after batch {cut} of {n_batches}: {problem}.")
+    loader = _loader(stream_class(shards))
+    epochs = [_keys(loader), _keys(loader)]
+    if epochs[1] != whole:
+        raise CheckFailed(
+            f"the second epoch of one loader read {len(epochs[1])} of {len(whole)} samples: "
+            "once an epoch ends, the place must go back to the first sample"
+        )
+    passed(
+        f"resumed exactly after batches {sorted({1, n_batches // 3, n_batches // 2})} and "
+        f"{n_batches - 1} of {n_batches}: all {len(whole)} samples once, in the same order; "
+        f"the state is {len(json.dumps(state))} characters of JSON."
+    )
+
+
+# --- DistributedSampler ---------------------------------------------------------------------------
+
+
+def _reference(n, world_size, rank, epoch, drop_last):
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(
+        range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=0, drop_last=drop_last
+    )
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def _index_problem(got, want, case):
+    """What ``got`` (the learner's indices) gets wrong against ``want`` (torch's), in words."""
+    n, world_size, rank, epoch, drop_last = case
+    if len(got) != len(want):
+        rule = (
+            "drop the last n % world_size of the permutation"
+            if drop_last
+            else "pad with the start of the permutation"
+        )
+        return f"{len(got)} indices, torch gives {len(want)}: every rank takes as many; {rule}"
+    if sorted(got) == sorted(want):
+        return (
+            "the right indices in another order: ranks take every world_size-th index of the "
+            "permutation, starting at their rank"
+        )
+    if got == list(range(rank, n, world_size))[: len(want)]:
+        return "not shuffled: permute range(n) with a torch.Generator seeded by seed + epoch"
+    return "other indices than torch's: the permutation is torch.randperm(n) seeded by seed + epoch"
+
+
+def check_distributed_indices(distributed_indices):
+    """``distributed_indices(n, world_size, rank, epoch, drop_last)`` gives the indices torch's
+    ``DistributedSampler`` (seed 0, shuffled) gives that rank, for even and uneven splits."""
+    cases = [
+        (n, world, rank, epoch, drop)
+        for n, world in ((12, 3), (10, 3), (7, 4), (2, 3))
+        for rank in range(world)
+        for epoch in (0, 1)
+        for drop in (False, True)
+    ]
+    for case in cases:
+        got = [int(index) for index in distributed_indices(*case)]
+        want = _reference(*case)
+        if got != want:
+            n, world, rank, epoch, drop = case
+            where = f"n={n}, world_size={world}, rank={rank}, epoch={epoch}, drop_last={drop}"
+            raise CheckFailed(f"{where}: {_index_problem(got, want, case)}.")
+    passed(f"the same indices as DistributedSampler in all {len(cases)} cases, padding included.")

@@ -1,0 +1,109 @@
+"""Lesson 7's checks pass the worked answers and name the typical mistakes."""
+
+from itertools import islice
+
+import pytest
+import torch
+from torch.utils.data import IterableDataset
+
+from packdata import shardwrite, synthetic
+from packdata.course.checks import CheckFailed
+from packdata.course.resume_checks import check_distributed_indices, check_resumable_stream
+from packdata.layout import raise_now
+from packdata.streaming import shard_tuples
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*set_vital.*")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = synthetic.make_dataset(
+        tmp_path_factory.mktemp("data") / "shapes", size=60, progress=False
+    )
+    written = shardwrite.write_shards(
+        root, tmp_path_factory.mktemp("shards"), maxcount=7, progress=False
+    )
+    return [str(info.path) for info in written]
+
+
+class Stream(IterableDataset):
+    """The worked answer, with switches for the mistakes learners make."""
+
+    update_after_yield = ignore_loaded = keep_history = no_reset = False
+
+    def __init__(self, shards):
+        self.shards, self.shard, self.taken, self.seen = list(shards), 0, 0, []
+
+    def __iter__(self):
+        start, skip = (0, 0) if self.ignore_loaded else (self.shard, self.taken)
+        for index in range(start, len(self.shards)):
+            samples = shard_tuples(self.shards[index], ("__key__", "cls"), raise_now)
+            first = skip if index == start else 0
+            for taken, sample in enumerate(islice(samples, first, None), first + 1):
+                if not self.update_after_yield:
+                    self.shard, self.taken = index, taken
+                self.seen.append(sample[0])
+                yield sample
+                if self.update_after_yield:
+                    self.shard, self.taken = index, taken
+        if not self.no_reset:
+            self.shard, self.taken = 0, 0
+
+    def state_dict(self):
+        state = {"shard": self.shard, "taken": self.taken}
+        return state | {"seen": self.seen} if self.keep_history else state
+
+    def load_state_dict(self, state):
+        self.shard, self.taken = state["shard"], state["taken"]
+
+
+def mistake(name):
+    return type(name, (Stream,), {name: True})
+
+
+def test_the_answer_passes(shards, capsys):
+    check_resumable_stream(Stream, shards)
+    assert "resumed exactly" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("update_after_yield", "repeated"),
+        ("ignore_loaded", "began the epoch again"),
+        ("keep_history", "grows with what was read"),
+        ("no_reset", "back to the first sample"),
+    ],
+)
+def test_each_mistake_is_named(shards, name, says):
+    with pytest.raises(CheckFailed, match=says):
+        check_resumable_stream(mistake(name), shards)
+
+
+def answer(n, world_size, rank, epoch, drop_last=False):
+    generator = torch.Generator()
+    generator.manual_seed(epoch)
+    order = torch.randperm(n, generator=generator).tolist()
+    per_rank = n // world_size if drop_last else -(-n // world_size)
+    total = per_rank * world_size
+    while len(order) < total:
+        order += order[: total - len(order)]
+    return order[:total][rank::world_size]
+
+
+def test_the_index_answer_passes(capsys):
+    check_distributed_indices(answer)
+    assert "52 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (lambda n, w, r, e, d=False: answer(n, w, r, e, d)[::-1], "another order"),
+        (lambda n, w, r, e, d=False: list(range(n))[r::w], "not shuffled"),
+        (lambda n, w, r, e, d=False: list(range(r, n, w)) and answer(n, w, r, 0, d), "other"),
+    ],
+)
+def test_index_mistakes_are_named(wrong, says):
+    with pytest.raises(CheckFailed, match=says):
+        check_distributed_indices(wrong)
