@@ -62,6 +62,9 @@ lab: setup data notebooks  ## set everything up and open JupyterLab on the cours
 		--ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_welcome.md
 
 test: export PACKDATA_SIZE := small
+# notebook kernels start workers by forkserver, as Python 3.14 does on Linux (tests/start_method.py);
+# tests/test_start_methods.py runs the cells that start workers again, by spawn, as on macOS
+test: export PYTHONSTARTUP := $(abspath tests/start_method.py)
 test: setup data notebooks exercises-check check-install lint  ## set everything up and run every test (unit tests and notebooks)
 	@$(BIN)/python -m pytest -p no:cacheprovider tests $(LESSON_DIRS) --nbval-lax --ignore=tests/install
 
@@ -87,3 +90,31 @@ clean:  ## remove generated notebooks, slides and caches (keeps .venv and data/)
 
 clean-data:  ## remove every generated dataset, archive and shard under data/
 	find data -mindepth 1 -not -name README.md -delete
+
+# --- the peers lab: other tools' loaders beside ours, each in a side environment built on first use.
+# `make test` never builds them and the course's .venv stays as it is; their pins are in
+# benchmarks/peers/requirements*.txt. The '*' in each one's .gitignore keeps git and ruff out of it.
+define PEERS_VENV
+	@test -x $(@D)/bin/pip || { $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "Python 3.11 or newer is needed: run 'make $(MAKECMDGOALS) PYTHON=python3.11'" >&2; exit 1; }; \
+		rm -rf $(@D) && $(PYTHON) -m venv $(@D) && echo '*' > $(@D)/.gitignore; }
+	@echo "Installing $< into $(@D) (first time: a few minutes)..."
+	@$(@D)/bin/python -m pip install -q --disable-pip-version-check -r $< 2>&1 | $(QUIET_PIP)
+endef
+
+.venv-peers/.installed: benchmarks/peers/requirements.txt requirements.txt pyproject.toml
+	$(PEERS_VENV)
+	@$(@D)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | $(QUIET_PIP)
+	@touch $@
+
+.venv-mosaic/.installed: benchmarks/peers/requirements-mosaic.txt pyproject.toml
+	$(PEERS_VENV)
+	@$(@D)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 | $(QUIET_PIP)
+	@touch $@
+
+.PHONY: bench-peers bench-peers-quick
+bench-peers: .venv-peers/.installed .venv-mosaic/.installed  ## ours beside webdataset, wids, LitData, HF datasets, torchdata.nodes, MosaicML: build/peers/report.md (about 6 min)
+	@.venv-peers/bin/python benchmarks/peers/run.py
+
+bench-peers-quick: .venv-peers/.installed .venv-mosaic/.installed  ## the same on 100 photos, one round: checks that every tool runs (judges nothing)
+	@.venv-peers/bin/python benchmarks/peers/run.py --quick

@@ -1,0 +1,52 @@
+"""webdataset 1.0.2: ``WebDataset`` over shards from its own ``ShardWriter``, read from the store
+over HTTP (webdataset runs ``curl``), split by node and by worker, shard order shuffled
+deterministically (``detshuffle`` with a seed, so that the ranks agree), a shuffle buffer.
+
+webdataset has no state of its own: it resumes through torchdata's ``StatefulDataLoader``, which
+replays each worker's stream and skips what was delivered."""
+
+from pathlib import Path
+
+import webdataset as wds
+from harness import Batches, decode_crop, per_shard, photos, stack
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+TITLE = "webdataset"
+PACKAGE = "webdataset"
+VENV = "peers"
+READS = "HTTP: one GET per shard (curl)"
+WRITER = "webdataset.ShardWriter (tar)"
+
+
+def write_tars(root, out, shards):
+    """The photos as webdataset shards ``out/train-NNNNNN.tar`` (wids and torchdata.nodes read them
+    too)."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    pattern = f"{out}/train-%06d.tar"
+    with wds.ShardWriter(pattern, maxcount=per_shard(root, shards), verbose=0) as writer:
+        for key, label, jpeg in photos(root):
+            writer.write({"__key__": key, "jpg": jpeg, "cls": label})
+
+
+convert = write_tars
+
+
+def open_loader(place, state=None):
+    pipeline = (
+        wds.WebDataset(
+            place.urls(".tar"),
+            shardshuffle=True,
+            detshuffle=True,
+            seed=place.seed,
+            nodesplitter=wds.split_by_node,
+            empty_check=False,
+        )
+        .shuffle(place.buffer, seed=place.seed)
+        .to_tuple("__key__", "jpg")
+        .map_tuple(None, decode_crop)
+        .batched(place.batch, collation_fn=stack)
+    )
+    loader = StatefulDataLoader(pipeline, batch_size=None, num_workers=place.workers)
+    if state is not None:
+        loader.load_state_dict(state)
+    return Batches(loader)
