@@ -4,20 +4,14 @@ epoch.
 
 Exactly once is counted against the checkpoint: what was delivered after the last checkpoint and
 before the kill comes again after the restart, as a training job restarted from that checkpoint
-needs. Run as a script, this file is the training job that the kill tests start and kill."""
+needs. The kill tests start and kill ``packdata.preemption``'s training job."""
 
 import io
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import tarfile
-import time
 from collections import Counter
 from itertools import islice
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from packdata.atomic import written_atomically
+from packdata import preemption
 from packdata.resume import loader_states, rest_of_epoch
 from packdata.shardwrite import write_shards as write_image_shards
 from packdata.streaming import ShardDataset
@@ -286,46 +280,15 @@ def test_decoded_batches_resume_exactly(tiny_dataset, tmp_path):
 # --- a real kill ----------------------------------------------------------------------------------
 
 
-def train(shards, folder, num_workers, every=3, epochs=2, pause=0.04):
-    """The training job the kill tests kill: read ``epochs`` epochs in batches of 4, log every
-    batch's keys, save a checkpoint (atomically) every ``every`` steps; on start, resume from the
-    checkpoint in ``folder`` if there is one, with the same loader state when ``num_workers`` is
-    the checkpoint's, else with the rest of its epoch."""
-    folder = Path(folder)
-    data = dataset(sorted(str(path) for path in Path(shards).glob("tiny-*.tar")))
-    loader = StatefulDataLoader(data, batch_size=4, num_workers=num_workers)
-    checkpoint = folder / "checkpoint.pt"
-    start, step = (0, 0)
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        start, step = saved["epoch"], saved["step"]
-        if saved["num_workers"] == num_workers:
-            loader.load_state_dict(saved["loader"])
-        else:
-            data.load_state_dict(rest_of_epoch(data, loader_states(saved["loader"])))
-    with open(folder / f"log-{os.getpid()}.jsonl", "a") as log:
-        for epoch in range(start, epochs):
-            data.set_epoch(epoch)
-            for batch in loader:
-                log.write(json.dumps({"epoch": epoch, "step": step, "keys": keys_of(batch)}) + "\n")
-                log.flush()
-                step += 1
-                if step % every == 0:
-                    state = {"epoch": epoch, "step": step, "num_workers": num_workers}
-                    with written_atomically(checkpoint) as file:
-                        torch.save({**state, "loader": loader.state_dict()}, file)
-                time.sleep(pause)
-            step = 0
-
-
-def job(shards, folder, num_workers):
-    command = [sys.executable, __file__, str(shards), str(folder), str(num_workers)]
-    return subprocess.Popen(command, start_new_session=True)  # its own group: workers die with it
+def job(urls, folder, num_workers):
+    """packdata's preemptible training job over ``urls``: 2 epochs in batches of 4, the stream
+    of ``dataset(urls)``, a checkpoint every 3 steps."""
+    options = {"epochs": 2, "pause": 0.04, "batch_size": 4, "buffer_size": 6, "seed": 11}
+    return preemption.start(urls, folder, num_workers, **options)
 
 
 def logged(folder, pid):
-    path = Path(folder) / f"log-{pid}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return preemption.logged(folder, pid)[0]
 
 
 @pytest.mark.parametrize("num_workers, then", [(2, 2), (0, 0), (2, 1)])
@@ -334,18 +297,13 @@ def test_a_killed_job_resumes_from_its_checkpoint_exactly_once(
 ):
     steps = -(-len(all_keys) // 4)
     kill_at = random.randrange(1, steps - 2)  # a random step of the first epoch
-    first = job(Path(urls[0]).parent, tmp_path, num_workers)
-    deadline = time.monotonic() + 60
-    while len(logged(tmp_path, first.pid)) < kill_at and time.monotonic() < deadline:
-        assert first.poll() is None, "the job ended before it was killed"
-        time.sleep(0.01)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
+    first = job(urls, tmp_path, num_workers)
+    preemption.kill_after(first, tmp_path, kill_at, timeout=60)
     killed = logged(tmp_path, first.pid)
     assert {line["epoch"] for line in killed} == {0}, f"killed at step {kill_at}: too late"
     saved = (tmp_path / "checkpoint.pt").exists()
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["step"] if saved else 0
-    second = job(Path(urls[0]).parent, tmp_path, then)
+    second = job(urls, tmp_path, then)
     assert second.wait(timeout=120) == 0
     resumed = logged(tmp_path, second.pid)
     epochs = [[line for line in resumed if line["epoch"] == epoch] for epoch in (0, 1)]
@@ -494,7 +452,3 @@ def test_a_sample_skipped_for_a_missing_label_is_skipped_again_after_a_resume(
         after = [key for key, _ in resumed.iterate()]
     assert before + after == whole
     assert sorted(whole) == sorted([*all_keys, "b000", "b002"])
-
-
-if __name__ == "__main__":
-    train(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -37,10 +37,10 @@ KEYS = ("__key__", "cls")
 CHECKPOINT = "checkpoint.pt"
 
 
-def job_dataset(shards, buffer_size=16):
+def job_dataset(shards, buffer_size=16, seed=0):
     """The job's stream of ``(key, label)``: the same arguments on every start, as resuming
     needs."""
-    return ShardDataset(shards, buffer_size=buffer_size, keys=KEYS, decode=False)
+    return ShardDataset(shards, buffer_size=buffer_size, seed=seed, keys=KEYS, decode=False)
 
 
 def keys_of(batch):
@@ -61,15 +61,16 @@ def _resumed_loader(data, loader, checkpoint, num_workers):
     return saved["epoch"], saved["step"]
 
 
-def train(shards, folder, num_workers, every=3, epochs=1, pause=0.02):
-    """Read ``epochs`` epochs of ``shards`` in batches of 8 (a ``pause`` stands for each step's
-    compute), log every batch's keys to ``folder``, checkpoint every ``every`` steps."""
+def train(shards, folder, num_workers, every=3, epochs=1, pause=0.02, batch_size=8, **stream):
+    """Read ``epochs`` epochs of ``shards`` (``job_dataset(shards, **stream)``) in batches of
+    ``batch_size`` (a ``pause`` stands for each step's compute), log every batch's keys to
+    ``folder``, checkpoint every ``every`` steps."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata 0.11 on torch 2.14
     folder = Path(folder)
-    data = job_dataset(shards)
-    loader = StatefulDataLoader(data, batch_size=8, num_workers=num_workers)
+    data = job_dataset(shards, **stream)
+    loader = StatefulDataLoader(data, batch_size=batch_size, num_workers=num_workers)
     checkpoint = folder / CHECKPOINT
     start, step = _resumed_loader(data, loader, checkpoint, num_workers)
     with open(folder / f"log-{os.getpid()}.jsonl", "a") as log:
