@@ -21,7 +21,7 @@ SOURCES = $(wildcard $(addsuffix /[0-9][0-9]_*.md,$(LESSON_DIRS)))
 .PHONY: help setup lab test check-install lint hooks data notebooks exercises exercises-check slides schedule bench bench-quick clean clean-data
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
 $(INSTALLED): requirements.txt pyproject.toml
 	@test -x $(VENV)/bin/pip || { $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -65,8 +65,9 @@ test: export PACKDATA_SIZE := small
 # notebook kernels start workers by forkserver, as Python 3.14 does on Linux (tests/start_method.py);
 # tests/test_start_methods.py runs the cells that start workers again, by spawn, as on macOS
 test: export PYTHONSTARTUP := $(abspath tests/start_method.py)
+# the lessons run once, in tests/test_lessons.py, which keeps their executed decks for the browser test
 test: setup data notebooks exercises-check check-install lint  ## set everything up and run every test (unit tests and notebooks)
-	@$(BIN)/python -m pytest -p no:cacheprovider tests $(LESSON_DIRS) --nbval-lax --ignore=tests/install
+	@$(BIN)/python -m pytest -p no:cacheprovider tests solutions exercises --nbval-lax --ignore=tests/install
 
 check-install: setup  ## the pins agree in requirements.txt, environment.yml and .venv; `pip install .` works
 	@$(BIN)/python -m pytest -p no:cacheprovider -q tests/install
@@ -90,6 +91,9 @@ clean:  ## remove generated notebooks, slides and caches (keeps .venv and data/)
 
 clean-data:  ## remove every generated dataset, archive and shard under data/
 	find data -mindepth 1 -not -name README.md -delete
+
+# Targets that start real services (Slurm, JupyterHub) live one per file in mk/.
+-include mk/*.mk
 
 # --- the peers lab: other tools' loaders beside ours, each in a side environment built on first use.
 # `make test` never builds them and the course's .venv stays as it is; their pins are in

@@ -23,8 +23,9 @@ shorter in the lesson; tracebacks and warnings wrap their long lines instead of 
 see ``DECK_CSS``), or when visible text is drawn smaller than 14 px on the screen (its CSS
 size times reveal's scale). It names the deck, the slide (reveal's ``h.v`` number, 1-based, and
 its ``#/h/v`` address) and the offending element. The decks are those in ``build/slides/`` when
-they are newer than their lesson and than ``packdata.course.slides`` (``make slides`` builds
-them); otherwise the test builds and executes the lesson itself, which takes minutes.
+they are newer than their lesson and than ``packdata.course.slides`` (``tests/test_lessons.py``,
+which runs first, and ``make slides`` build them); otherwise the test builds and executes the lesson
+itself, which takes minutes.
 """
 
 import html
