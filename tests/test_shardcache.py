@@ -3,11 +3,13 @@ processes ask, a size limit kept by LRU eviction that spares shards in use, whol
 hit rates per epoch, including the cache too small for the working set."""
 
 import multiprocessing
+import pickle
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from packdata.cachebench import compare_sources
 from packdata.netstore import NetworkStore
@@ -16,12 +18,12 @@ from packdata.shardcache import (
     HIT,
     MISS,
     WAITED,
-    CachedShardDataset,
     ShardCache,
     hit_rate,
 )
 from packdata.shardread import count_shard_samples
 from packdata.shardwrite import write_shards
+from packdata.streaming import ShardDataset
 
 FORK = multiprocessing.get_context("fork")
 
@@ -149,18 +151,25 @@ def epoch_events(cache, read_epoch):
     return cache.events(mark)
 
 
-def test_a_cache_holding_the_working_set_hits_every_shard_from_the_second_epoch(
-    store, shard_dir, tmp_path
-):
+def cached_dataset(store, shard_dir, cache, **options):
+    """A ``ShardDataset`` of the shards' keys, read from ``store`` through ``cache``."""
     files = shard_files(shard_dir)
-    cache = ShardCache(tmp_path, max_bytes=2 * sum(path.stat().st_size for path in files))
-    dataset = CachedShardDataset(
+    return ShardDataset(
         urls_of(store, shard_dir),
         cache=cache,
         keys=("__key__",),
         decode=False,
         sizes=[count_shard_samples(path) for path in files],
+        **options,
     )
+
+
+def test_a_cache_holding_the_working_set_hits_every_shard_from_the_second_epoch(
+    store, shard_dir, tmp_path
+):
+    working_set = sum(path.stat().st_size for path in shard_files(shard_dir))
+    cache = ShardCache(tmp_path, max_bytes=2 * working_set)
+    dataset = cached_dataset(store, shard_dir, cache)
     loader = DataLoader(dataset, batch_size=None, num_workers=2)
     rates, requests = [], []
     for epoch in range(2):
@@ -172,6 +181,74 @@ def test_a_cache_holding_the_working_set_hits_every_shard_from_the_second_epoch(
         requests.append(store.requests)
     assert rates == [0.0, 1.0]
     assert requests == [10, 10]  # the second epoch asked the store for nothing
+
+
+def test_the_cache_travels_to_spawned_workers_as_its_folder_and_settings(
+    store, shard_dir, tmp_path
+):
+    cache = ShardCache(tmp_path, max_bytes=10**9, ahead=1)
+    copy = pickle.loads(pickle.dumps(cache))
+    assert (copy.root, copy.max_bytes, copy.ahead) == (cache.root, cache.max_bytes, 1)
+    dataset = cached_dataset(store, shard_dir, cache, world_size=2, rank=1)
+    spawned = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    keys = [key for (key,) in spawned]
+    assert sorted(keys) == sorted(set(keys)) and len(keys) == len(dataset) == 30
+    assert Counter(event for event, _, _ in cache.events()) == {MISS: 5}
+
+
+def test_counting_the_samples_fills_the_cache_the_workers_then_read(store, shard_dir, tmp_path):
+    cache = ShardCache(tmp_path, max_bytes=10**9)
+    dataset = ShardDataset(urls_of(store, shard_dir), cache=cache, keys=("__key__",), decode=False)
+    assert len(dataset) == 60  # counted: one GET per shard, through the cache
+    keys = [key for (key,) in DataLoader(dataset, batch_size=None, num_workers=2)]
+    assert len(keys) == len(set(keys)) == 60
+    assert store.requests == 10
+    assert hit_rate(cache.events()) == 0.5  # 10 downloads to count, 10 hits to read
+
+
+def test_a_resumed_epoch_through_the_cache_delivers_the_rest_exactly_once(
+    store, shard_dir, tmp_path
+):
+    cache = ShardCache(
+        tmp_path, max_bytes=3 * max(p.stat().st_size for p in shard_files(shard_dir))
+    )
+    options = {"buffer_size": 8, "seed": 5}
+    first = StatefulDataLoader(
+        cached_dataset(store, shard_dir, cache, **options), batch_size=4, num_workers=2
+    )
+    batches = iter(first)
+    before = [key for _ in range(5) for key in next(batches)[0]]
+    state = first.state_dict()
+    again = StatefulDataLoader(
+        cached_dataset(store, shard_dir, cache, **options), batch_size=4, num_workers=2
+    )
+    again.load_state_dict(state)
+    after = [key for batch in again for key in batch[0]]
+    delivered = before + after
+    assert len(delivered) == len(set(delivered)) == 60
+    whole = StatefulDataLoader(
+        cached_dataset(store, shard_dir, cache, **options), batch_size=4, num_workers=2
+    )
+    assert delivered == [key for batch in whole for key in batch[0]]  # the same order, continued
+
+
+def test_a_shard_the_store_lacks_is_skipped_and_counted_through_the_cache(
+    store, shard_dir, tmp_path
+):
+    urls = urls_of(store, shard_dir)
+    urls[3] = store.url_for("nope-000000.tar")
+    dataset = ShardDataset(
+        urls,
+        cache=ShardCache(tmp_path, max_bytes=10**9),
+        keys=("__key__",),
+        decode=False,
+        errors="skip",
+        sizes=[6] * 10,
+        shuffle=False,
+    )
+    with pytest.warns(UserWarning, match=r"skipped 1 shard\(s\).*nope-000000.tar"):
+        keys = [key for (key,) in dataset]
+    assert len(keys) == len(set(keys)) == 54
 
 
 def cyclic_epochs(cache, urls, orders):

@@ -54,7 +54,9 @@ ROOT = HERE.parents[1]
 OUT = ROOT / "build" / "peers"
 HARNESS = HERE / "harness.py"
 OURS = "ours"
-TOOLS = (OURS, "webdataset", "wids", "nodes", "hf_webdataset", "hf_arrow", "litdata", "mosaic")
+OUR_ROWS = (OURS, "ours_cache")  # our stream, and the same through our shard cache
+PEERS = ("webdataset", "wids", "nodes", "hf_webdataset", "hf_arrow", "litdata", "mosaic")
+TOOLS = OUR_ROWS + PEERS
 PYTHONS = {"peers": ROOT / ".venv-peers/bin/python", "mosaic": ROOT / ".venv-mosaic/bin/python"}
 WORLD, WORKERS, SEED, SHARDS, LATENCY = 2, 2, 0, 10, 0.002
 RUN_TIMEOUT = 600  # seconds for one job of 2 ranks
@@ -187,12 +189,13 @@ def rank_results(folder):
 class Lab:
     """One run of the lab: the photos, each tool's converted files, the store, the results."""
 
-    def __init__(self, out, settings, root, latency):
+    def __init__(self, out, settings, root, latency, tools=TOOLS):
         self.out, self.settings, self.root, self.latency = out, settings, root, latency
+        self.tools = tuple(tools)
         self.data, self.runs = out / "data", out / "runs"
         self.expected = json.loads((root / "manifest.json").read_text())["samples"]
         self.expected = [sample["key"] for sample in self.expected]
-        self.results = {tool: {"rounds": [], "errors": {}} for tool in TOOLS}
+        self.results = {tool: {"rounds": [], "errors": {}} for tool in self.tools}
 
     def describe(self, tool):
         job = {"mode": "describe", "tool": tool}
@@ -300,19 +303,20 @@ class Lab:
             errors[step.__name__] = str(error)
             print(f"  {tool}: {step.__name__} FAILED {str(error)[:300]}", flush=True)
 
-    def run(self):
-        for tool in TOOLS:
+    def run(self, resume=True):
+        for tool in self.tools:
             self.attempt(tool, self.describe)
             started = time.perf_counter()
             self.attempt(tool, self.convert)
             print(f"  converted for {tool} in {time.perf_counter() - started:.1f} s", flush=True)
         with NetworkStore(self.data, latency=self.latency) as self.store:
             for round_ in range(self.settings["rounds"]):
-                order = TOOLS[round_ % len(TOOLS) :] + TOOLS[: round_ % len(TOOLS)]
+                turn = round_ % len(self.tools)
+                order = self.tools[turn:] + self.tools[:turn]
                 for tool in order:
                     self.attempt(tool, self.epochs, round_)
                     self.print_round(tool)
-            for tool in TOOLS:
+            for tool in self.tools if resume else ():
                 self.attempt(tool, self.resume)
                 print(f"  {tool}: resume {self.results[tool].get('resume')}", flush=True)
             self.requests = self.store.requests
@@ -411,19 +415,24 @@ def table(results, samples):
 
 
 def judge(results, samples, quick):
-    """The target in words: our second-epoch samples/s against the fastest peer's."""
+    """The target in words: each of our rows' second-epoch samples/s against the fastest peer's."""
     comparison = Comparison(rates(results, samples, 1))
-    if OURS not in comparison.rates:
-        return "Our stream did not run: nothing to judge."
-    peers = [tool for tool in comparison.rates if tool != OURS]
+    ours = [tool for tool in OUR_ROWS if tool in comparison.rates]
+    peers = [tool for tool in comparison.rates if tool not in OUR_ROWS]
+    if not ours or not peers:
+        return "Our stream or every peer did not run: nothing to judge."
     fastest = max(peers, key=comparison.median)
-    ratio = comparison.ratio(OURS, fastest)
-    named = f"our stream / {title(results, fastest)} (the fastest peer), epoch 2: {ratio}"
-    if quick:
-        return f"{named}. Quick mode judges nothing: with 100 photos, starting processes dominates."
-    clear = comparison.clearly(OURS, fastest)
     words = {1: "target met", -1: "target missed: the peer is faster", 0: "no clear difference"}
-    return f"{named}: {words[clear]} (target: ≥ 1×, every round)."
+    lines = []
+    for tool in ours:
+        named = f"{title(results, tool)} / {title(results, fastest)} (the fastest peer), epoch 2: "
+        named += str(comparison.ratio(tool, fastest))
+        verdict = "judged only in a full run" if quick else words[comparison.clearly(tool, fastest)]
+        lines.append(f"- {named}: {verdict}.")
+    target = "Quick mode judges nothing: with 100 photos, starting processes dominates."
+    if not quick:
+        target = "Target: ≥ 1×, every round."
+    return "\n".join([*lines, "", target])
 
 
 def plot(results, samples, out):
@@ -488,6 +497,10 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=OUT, help=f"where to write (default {OUT})")
     parser.add_argument("--rounds", type=int, help="rounds of the timed epochs")
     parser.add_argument("--latency", type=float, default=LATENCY, help="seconds per request")
+    parser.add_argument(
+        "--tools", nargs="+", choices=TOOLS, default=TOOLS, help="only these (a narrower run)"
+    )
+    parser.add_argument("--no-resume", action="store_true", help="skip the kill-and-resume audit")
     args = parser.parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
     settings["rounds"] = args.rounds or settings["rounds"]
@@ -495,9 +508,9 @@ def main(argv=None):
     root = photos.make_photos(size=settings["size"], progress=False)
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.out / "runs", ignore_errors=True)
-    lab = Lab(args.out, settings, root, args.latency)
-    print(f"{len(lab.expected):,} photos; tools: {', '.join(TOOLS)}", flush=True)
-    lab.run()
+    lab = Lab(args.out, settings, root, args.latency, args.tools)
+    print(f"{len(lab.expected):,} photos; tools: {', '.join(lab.tools)}", flush=True)
+    lab.run(resume=not args.no_resume)
     report(lab, time.perf_counter() - started, args.quick)
     return 0
 

@@ -1,12 +1,10 @@
 """Our stream: ``packdata.streaming.ShardDataset`` over shards from ``packdata.shardwrite``, each
-shard one GET from the store; batches collated in the DataLoader workers.
+shard one GET from the store every epoch; batches collated in the DataLoader workers, resumed
+through torchdata's ``StatefulDataLoader`` (``ShardDataset.state_dict`` / ``load_state_dict``).
 
-It resumes through torchdata's ``StatefulDataLoader`` once ``ShardDataset`` has ``state_dict`` /
-``load_state_dict``; before that, resuming is "pending".
-"""
+``tool_ours_cache`` reads the same way through a ``packdata.shardcache.ShardCache``."""
 
 from harness import TRANSFORM, Batches, per_shard
-from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from packdata.shardwrite import write_shards
@@ -15,7 +13,7 @@ from packdata.streaming import ShardDataset
 TITLE = "our stream (packdata)"
 PACKAGE = "packdata"
 VENV = "peers"
-READS = "HTTP: one GET per shard"
+READS = "HTTP: one GET per shard, every epoch"
 WRITER = "packdata.shardwrite (tar)"
 
 
@@ -23,7 +21,8 @@ def convert(root, out, shards):
     write_shards(root, out, maxcount=per_shard(root, shards), progress=False)
 
 
-def open_loader(place, state=None):
+def open_loader(place, state=None, cache=None):
+    """The loader of one rank and epoch; ``cache``: a ``ShardCache`` to read the shards through."""
     dataset = ShardDataset(
         place.urls(".tar"),
         rank=place.rank,
@@ -33,12 +32,9 @@ def open_loader(place, state=None):
         keys=("__key__", "jpg"),
         transform=TRANSFORM,
         batch_size=place.batch,
+        cache=cache,
     )
     dataset.set_epoch(place.epoch)
-    if not hasattr(dataset, "state_dict"):
-        if state is not None:
-            raise NotImplementedError("pending: ShardDataset has no state_dict yet")
-        return Batches(DataLoader(dataset, batch_size=None, num_workers=place.workers))
     loader = StatefulDataLoader(dataset, batch_size=None, num_workers=place.workers)
     if state is not None:
         loader.load_state_dict(state)

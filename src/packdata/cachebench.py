@@ -21,7 +21,7 @@ from torchvision.transforms import v2
 
 from .bench import count_samples
 from .netstore import NetworkStore
-from .shardcache import CachedShardDataset, ShardCache, hit_rate
+from .shardcache import ShardCache, hit_rate
 from .shardread import count_shard_samples
 from .streaming import ShardDataset
 from .transfer import stage
@@ -139,8 +139,8 @@ def compare_sources(
 
         def cached(share):
             def make(scratch):
-                cache = ShardCache(scratch, max_bytes=share * working_set)
-                return CachedShardDataset(urls, cache=cache, ahead=ahead, **common), cache
+                cache = ShardCache(scratch, max_bytes=share * working_set, ahead=ahead)
+                return ShardDataset(urls, cache=cache, **common), cache
 
             return make
 

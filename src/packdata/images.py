@@ -112,13 +112,18 @@ def encode_payload(jpeg, payload="jpeg", resize=None):
 def decode_image(data, decoder="pil"):
     """Decode JPEG bytes into an RGB ``uint8`` tensor of shape (3, H, W); ``.npy`` bytes (a
     ``uint8`` HWC array saved by numpy, what ``packing`` stores for ``payload="raw"``) need no
-    decoder and ignore it."""
+    decoder and ignore it.
+
+    PIL's pixels stay as they are in memory, channels last (the tensor is a view of them,
+    ``pixels_as_tensor``): no copy into channels-first order, and the resize of a crop reads this
+    layout faster than that one. ``.contiguous()`` makes the copy when code needs it."""
     check_decoder(decoder)
     if data[: len(NPY_MAGIC)] == NPY_MAGIC:
         return decode_array(data)
     if decoder == "pil":
         with Image.open(io.BytesIO(data)) as image:
-            return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).contiguous()
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
+            return pixels_as_tensor(np.array(rgb))
     from torchvision import io as tvio  # on first use: importing torchvision slows worker start
 
     return tvio.decode_image(
@@ -132,8 +137,9 @@ def is_pixels(array):
 
 
 def pixels_as_tensor(array):
-    """A ``uint8`` (H, W, 3) array as a (3, H, W) tensor."""
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+    """A ``uint8`` (H, W, 3) array as a (3, H, W) tensor: a view of the array, its channels
+    still last in memory."""
+    return torch.from_numpy(array).permute(2, 0, 1)
 
 
 def decode_array(data):

@@ -1,10 +1,10 @@
 """A bounded local cache of remote shards, shared by every process on one machine: the middle
 ground between staging everything before training and streaming every shard every epoch.
 
-    cache = ShardCache("/scratch/shard-cache", max_bytes=20 * 10**9)
-    for path in cache.fetched(urls, ahead=2):   # local paths; the next 2 shards download meanwhile
+    cache = ShardCache("/scratch/shard-cache", max_bytes=20 * 10**9, ahead=2)
+    for path in cache.fetched(urls):   # local paths; the next 2 shards download meanwhile
         read_shard(path)
-    dataset = CachedShardDataset(urls, cache=cache, sizes=counts)   # a ShardDataset through it
+    dataset = ShardDataset(urls, cache=cache)   # every worker reads its shards through it
 
 A shard is downloaded into a hidden temporary file and renamed into place (``atomic``), so a reader
 sees either nothing or the whole shard. Per shard, two lock files (``fcntl.flock``) coordinate the
@@ -31,11 +31,8 @@ from contextlib import contextmanager, suppress
 from itertools import islice
 from pathlib import Path
 
-from torch.utils.data import IterableDataset, get_worker_info
-
 from .atomic import written_atomically
-from .shardread import fetch_shard
-from .streaming import ShardDataset
+from .shardread import fetch_shard, read_shard
 
 HIT, MISS, WAITED, EVICTED = "hit", "miss", "waited", "evicted"
 LOOKUPS = (HIT, MISS, WAITED)  # one of these per shard asked for
@@ -77,13 +74,17 @@ class Pin:
 
 class ShardCache:
     """Shards from ``http://`` URLs, kept in the folder ``root`` up to about ``max_bytes``, least
-    recently used evicted first. Any number of processes may use one folder at once; the object
-    itself pickles as its folder and limit, so DataLoader workers can take it along."""
+    recently used evicted first; a reader going through shards in turn has the next ``ahead`` of
+    them downloaded meanwhile. Any number of processes may use one folder at once; the object
+    itself pickles as its folder and settings, so DataLoader workers (fork, spawn or forkserver)
+    take it along."""
 
-    def __init__(self, root, max_bytes):
+    def __init__(self, root, max_bytes, ahead=2):
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes}")
-        self.root, self.max_bytes = Path(root), int(max_bytes)
+        if ahead < 0:
+            raise ValueError(f"ahead must be 0 or more shards, got {ahead}")
+        self.root, self.max_bytes, self.ahead = Path(root), int(max_bytes), int(ahead)
         (self.root / ".locks").mkdir(parents=True, exist_ok=True)
         self.journal = self.root / ".journal"
 
@@ -179,27 +180,75 @@ class ShardCache:
         lines = self.journal.read_text().splitlines()[since:]
         return [(event, name, int(size)) for event, name, size in map(str.split, lines)]
 
-    def fetched(self, urls, ahead=2):
+    def read(self, url):
+        """The bytes of the shard at ``url`` (decompressed, as ``shardread.read_shard`` gives
+        them), through the cache. They stay readable after eviction: removing a file leaves its
+        mapping alone."""
+        pin = self.pin(url)
+        try:
+            return read_shard(str(pin.path))
+        finally:
+            pin.release()
+
+    def fetched(self, urls, ahead=None):
         """Yield the local path of each of ``urls`` in turn while a background thread downloads the
-        next ``ahead``. Each shard stays pinned from its fetch until the next path is asked for (or
-        the generator is closed), so eviction never takes a shard that is read or about to be."""
+        next ``ahead`` (default: the cache's). Each shard stays pinned from its fetch until the next
+        path is asked for (or the generator is closed), so eviction never takes a shard that is read
+        or about to be. A shard that cannot be fetched raises, naming its URL."""
+        for _, path in self.prefetched(urls, ahead):
+            if isinstance(path, Exception):
+                raise path
+            yield path
+
+    def prefetched(self, urls, ahead=None):
+        """``(url, local path)`` for each of ``urls`` in turn, as ``fetched``; a shard that cannot
+        be fetched comes as ``(url, the exception)``, and the next ones still do."""
+        ahead = self.ahead if ahead is None else ahead
         urls, pending = iter(urls), deque()
         with ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch") as fetcher:
             try:
                 while True:
-                    pending.extend(
-                        fetcher.submit(self.pin, url)
-                        for url in islice(urls, ahead + 1 - len(pending))
-                    )
+                    wanted = islice(urls, ahead + 1 - len(pending))
+                    pending.extend((url, fetcher.submit(self.pin, url)) for url in wanted)
                     if not pending:
                         return
-                    pin = pending.popleft().result()
+                    url, fetch = pending.popleft()
                     try:
-                        yield str(pin.path)
+                        pin = fetch.result()
+                    except Exception as error:  # handed to the reader, who names the shard
+                        yield url, error
+                        continue
+                    try:
+                        yield url, str(pin.path)
                     finally:
                         pin.release()
             finally:
-                release_pending(pending)
+                release_pending([fetch for _, fetch in pending])
+
+    def reads(self, urls):
+        """A ``PrefetchedReads`` of ``urls``: their bytes, asked for in this order, each shard
+        downloaded while the ones before it are read."""
+        return PrefetchedReads(self.prefetched(urls))
+
+
+class PrefetchedReads:
+    """Call it with each of the URLs it was made for, in their order: the shard's bytes (as
+    ``ShardCache.read``), or the error its download raised; ``close()`` lets the last shard go
+    and cancels what is still downloading."""
+
+    def __init__(self, prefetched):
+        self._prefetched = prefetched
+
+    def __call__(self, url):
+        expected, path = next(self._prefetched, (None, None))
+        if expected != url:
+            raise RuntimeError(f"asked for {url}, and the prefetched order has {expected} next")
+        if isinstance(path, Exception):
+            raise path
+        return read_shard(path)
+
+    def close(self):
+        self._prefetched.close()
 
 
 def release_pending(futures):
@@ -219,51 +268,3 @@ def hit_rate(events):
     counts = Counter(event for event, _, _ in events)
     lookups = sum(counts[kind] for kind in LOOKUPS)
     return (counts[HIT] + counts[WAITED]) / lookups if lookups else None
-
-
-class CachedShardDataset(IterableDataset):
-    """``(image, label)`` (or the ``keys`` named) from remote shards, each DataLoader worker reading
-    its shards through ``cache`` (a ``ShardCache``) and fetching ``ahead`` of them in advance.
-
-    Which shards a worker reads, in which order, is ``ShardDataset``'s (``rank``, ``world_size``,
-    ``seed``, ``shuffle`` and ``set_epoch`` mean the same); each shard is then read by a
-    ``ShardDataset`` of its own over the local copy, with ``keys``, ``decode``, ``transform`` and
-    ``buffer_size`` (so the shuffle buffer mixes samples of one shard only). Pass ``sizes`` (samples
-    per shard) for ``len()``: counting them would download every shard in this process."""
-
-    def __init__(
-        self,
-        shards,
-        *,
-        cache,
-        ahead=2,
-        keys=("jpg", "cls"),
-        decode=True,
-        transform=None,
-        buffer_size=0,
-        **split,
-    ):
-        self.plan = ShardDataset(shards, keys=keys, **split)
-        self.cache, self.ahead = cache, ahead
-        self.per_shard = {
-            "keys": keys,
-            "decode": decode,
-            "transform": transform,
-            "buffer_size": buffer_size,
-        }
-
-    def set_epoch(self, epoch):
-        """Use epoch ``epoch``'s shard order from the next iteration on (see ``ShardDataset``)."""
-        self.plan.set_epoch(epoch)
-
-    def __len__(self):
-        """Samples this rank yields this epoch."""
-        return len(self.plan)
-
-    def __iter__(self):
-        info = get_worker_info()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        for path in self.cache.fetched(self.plan.shards_for(worker, num_workers), self.ahead):
-            one = ShardDataset(path, rank=0, world_size=1, seed=self.plan.seed, **self.per_shard)
-            one.set_epoch(self.plan.epoch)
-            yield from one.iterate()

@@ -59,9 +59,10 @@ def mapped(path):
         return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-def count_shard_samples(shard):
-    """The number of samples (distinct keys) in one shard, from its headers."""
-    data = read_shard(shard)
+def count_shard_samples(shard, read=read_shard):
+    """The number of samples (distinct keys) in one shard, from its headers; ``read(shard)`` gives
+    its bytes."""
+    data = read(shard)
     return len(
         {split_member(name)[0] for name, _, _ in scan_buffer(data, shard) if not is_meta(name)}
     )

@@ -72,33 +72,50 @@ def split_shards(shards, rank, world_size, worker, num_workers):
 # --- reading --------------------------------------------------------------------------------------
 
 
-def read_tuples(shards, keys, report, progress):
+def read_tuples(shards, keys, report, progress, read=read_shard):
     """The ``keys`` tuples of the samples left in each of ``shards`` (``(shard, resume.Rest)``
     pairs) in turn, from where ``progress`` stands (all of them, on a fresh start), each counted
-    there as it is taken in.
+    there as it is taken in; ``read(shard)`` gives a shard's bytes (``to_read`` lists those it is
+    asked for, in order).
 
     ``chain`` drops each shard's iterator, and with it the shard's bytes, before it reads the next
     shard: two shards alive at once would send the memory of one back to the system after every
     shard, and the next read would pay a page fault per 4 KiB to get it back."""
     return chain.from_iterable(
-        progress.counted(index, islice(left_tuples(*shards[index], keys, report), skip, None))
+        progress.counted(index, islice(left_tuples(*shards[index], keys, report, read), skip, None))
         for index, skip in progress.todo(len(shards))
     )
 
 
-def left_tuples(shard, rest, keys, report):
+def to_read(shards, progress):
+    """The shards ``read_tuples`` reads, in its order: from the one ``progress`` stopped in on,
+    those with samples left."""
+    start = max(len(progress.read) - 1, 0)
+    return [shard for shard, rest in shards[start:] if not rest.is_empty()]
+
+
+def closing(samples, reads):
+    """Yield from ``samples``, then close ``reads`` (a cache's ``PrefetchedReads``: its last shard
+    let go, its downloads ahead cancelled), also when the consumer stops early."""
+    try:
+        yield from samples
+    finally:
+        reads.close()
+
+
+def left_tuples(shard, rest, keys, report, read=read_shard):
     """The ``keys`` tuples of the samples ``rest`` leaves of ``shard``, the fast way when the shard
     allows it; a shard with nothing left is not read."""
-    return iter(()) if rest.is_empty() else rest.kept(shard_tuples(shard, keys, report))
+    return iter(()) if rest.is_empty() else rest.kept(shard_tuples(shard, keys, report, read))
 
 
-def shard_tuples(shard, keys, report):
-    """An iterator over the ``keys`` tuples of one shard's samples. A shard that cannot be read at
-    all (missing, not a tar, HTTP error) goes to ``report`` as one problem with the shard, and
-    yields nothing; a shard damaged part-way (cut short, a corrupt header) yields the samples before
-    the damage, then goes to ``report`` as a ``DamagedShard``."""
+def shard_tuples(shard, keys, report, read=read_shard):
+    """An iterator over the ``keys`` tuples of one shard's samples, its bytes from ``read(shard)``.
+    A shard that cannot be read at all (missing, not a tar, HTTP error) goes to ``report`` as one
+    problem with the shard, and yields nothing; a shard damaged part-way (cut short, a corrupt
+    header) yields the samples before the damage, then goes to ``report`` as a ``DamagedShard``."""
     try:
-        data = read_shard(shard)
+        data = read(shard)
     except UNREADABLE as error:
         report(error, shard=shard)
         return iter(())
@@ -284,6 +301,9 @@ class ShardDataset(IterableDataset):
       number of batches (``train.common_steps``) so that none waits for the others.
     - ``sizes``: samples per shard (same order as the expanded list) when known; counted from the
       shards otherwise.
+    - ``cache``: a ``shardcache.ShardCache``: every worker reads its shards through it (a local
+      copy each, LRU-bounded, shared by the processes of the machine, the next ``cache.ahead``
+      fetched while one is read); counting ``sizes`` goes through it too.
     - ``splitter``/``buffer``: replace the ``split_shards`` and ``shuffle_buffer`` stages (used by
       the exercises).
     - ``state_dict()``/``load_state_dict()``: resume mid-epoch, with ``StatefulDataLoader`` or by
@@ -308,6 +328,7 @@ class ShardDataset(IterableDataset):
         errors="raise",
         equalize=False,
         sizes=None,
+        cache=None,
         splitter=split_shards,
         buffer=shuffle_buffer,
     ):
@@ -355,6 +376,7 @@ class ShardDataset(IterableDataset):
             batch_size,
         )
         self.errors, self.equalize, self.splitter, self.buffer = errors, equalize, splitter, buffer
+        self.cache = cache
         self._sizes = None if sizes is None else dict(zip(self.shards, sizes))
         if equalize:
             self.sizes()  # counted once here, not again in every worker
@@ -423,7 +445,7 @@ class ShardDataset(IterableDataset):
 
     def _count(self, shard):
         try:
-            return count_shard_samples(shard)
+            return count_shard_samples(shard, self._read_one)
         except UNREADABLE:
             if self.errors == "raise":
                 raise
@@ -456,20 +478,31 @@ class ShardDataset(IterableDataset):
         part, quota = self.part(progress.epoch, progress.rest, layout)
         shards = [(self.shards[index], rest) for index, rest in part]
         quiet = report if report is raise_now else ignore  # a second read reports nothing again
+        reads = self._reads(to_read(shards, progress))
         samples = continued(
             progress,
             self.epoch,
-            read_tuples(shards, keys, report, progress),
+            read_tuples(shards, keys, report, progress, reads),
             quota,
             partial(self.shuffled, epoch=progress.epoch, rest=progress.rest, layout=layout),
-            lambda index: left_tuples(*shards[index], keys, quiet),
+            lambda index: left_tuples(*shards[index], keys, quiet, self._read_one),
         )
+        if reads is not read_shard:
+            samples = closing(samples, reads)
         if self.decode:
             batching = bool(self.batch_size)
             samples = decode(samples, self.keys, self.transform, self.decoder, report, batching)
         if self.batch_size:
             samples = batched(samples, self.batch_size)
         return samples if report is raise_now else self.reporting(samples, report)
+
+    def _read_one(self, shard):
+        """One shard's bytes: through the cache when there is one."""
+        return read_shard(shard) if self.cache is None else self.cache.read(shard)
+
+    def _reads(self, shards):
+        """What reads ``shards`` in turn: ``read_shard``, or the cache with its downloads ahead."""
+        return read_shard if self.cache is None else self.cache.reads(shards)
 
     def shuffled(self, samples, epoch, rest, layout):
         """``samples`` through the shuffle buffer of the worker at ``layout`` in epoch ``epoch``
