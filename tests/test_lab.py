@@ -11,6 +11,11 @@ contents API the way Lab's autosave does, fetched as a notebook and put back wit
 adds (a kernel's ``language_info``, execution counts, outputs, cell execution metadata). The
 ``.md`` must come back byte for byte, so that opening a lesson leaves ``git status`` clean.
 tests/test_jupytext_roundtrip.py checks the same through jupytext alone.
+
+In a browser: headless Chromium opens a lesson and an exercise sheet in that ``jupyter lab`` the
+way a learner does (``tests/browser.py``). Each opens as a notebook with the course kernel,
+``python3`` (jupyter_client starts it with the Python that runs Lab: ``.venv``'s), shows the RISE
+button, and Ctrl+S without an edit writes the ``.md`` back byte for byte.
 """
 
 import json
@@ -23,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, NOTEBOOK, browser, press_save, wait_for_notebook
 from labserver import lab_server
 
 from packdata.course import hub
@@ -126,3 +132,32 @@ def test_saving_an_unedited_lesson_in_lab_changes_nothing(tmp_path):
         f"saving rewrites {changed}: write them once with jupytext "
         "(python -c \"import jupytext as j; p='FILE'; j.write(j.read(p), p)\")"
     )
+
+
+# A lesson and an exercise sheet, opened in the browser.
+OPENED_IN_BROWSER = ("notebooks/00_welcome.md", "exercises/01_small_files.md")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+def test_lab_opens_a_lesson_and_an_exercise_sheet_with_the_course_kernel(tmp_path):
+    root = tmp_path / "root"
+    for sheet in OPENED_IN_BROWSER:
+        (root / sheet).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / sheet, root / sheet)
+    with lab_server(root, tmp_path) as (base, token), browser() as page:
+        for sheet in OPENED_IN_BROWSER:
+            saved = (root / sheet).stat().st_mtime_ns
+            page.open(f"{base}/lab/tree/{sheet}?token={token}")
+            assert wait_for_notebook(page, Path(sheet).name) == "Python 3 (ipykernel)"
+            with urllib.request.urlopen(f"{base}/api/sessions?token={token}") as answer:
+                kernels = {s["path"]: s["kernel"]["name"] for s in json.load(answer)}
+            assert kernels.get(sheet) == "python3", kernels
+            page.wait_for(
+                f"!!document.querySelector('{NOTEBOOK} [data-jp-item-name=RISE-button]')",
+                f"{sheet}: no RISE button in the notebook's toolbar",
+            )
+            press_save(page)
+            assert (root / sheet).stat().st_mtime_ns != saved, f"{sheet} was not written"
+            assert (root / sheet).read_bytes() == (ROOT / sheet).read_bytes(), (
+                f"opening and saving {sheet} in Lab rewrote it"
+            )
