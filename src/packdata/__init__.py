@@ -6,6 +6,7 @@ the layers listed before it (``tests/test_architecture.py`` holds the package to
 Bytes and processes
 - ``atomic``      — files and folders that appear under their name only once complete
 - ``perprocess``  — state of one process: file handles, connections, a function in a pool's workers
+- ``engines``     — an executor on this machine's processes or on a Dask cluster, one interface
 - ``torchrunenv`` — one rank's torchrun variables for a block: this process and its new workers
 - ``childserver`` — a server in a process of its own, started by a command, stopped by a line
 - ``httpclient``  — keep-alive HTTP client, a seekable file over Range GETs, file versions (ETags)
@@ -31,6 +32,8 @@ Packed and sharded
 - ``plaingroup``  — group a plain shard's members into samples with numpy
 - ``shardread``   — read shards whole as samples; count and describe them
 - ``shardwrite``  — write, split and join shards, atomically as a set
+- ``twopass``     — shuffle bigger than memory: scatter to buckets by a hashed key, shuffle each
+- ``tartars``     — ImageNet's tar of tars: written from a folder, streamed into shuffled shards
 - ``mapshards``   — map a function over every sample of every shard, a shard per task
 
 Reading for training
@@ -42,7 +45,9 @@ Reading for training
 - ``rankaudit``   — which samples each rank reads under DistributedSampler: twice, never, resumed
 - ``bench``       — measure a DataLoader configuration, count every sample
 - ``compare``     — configurations measured in turn, round after round; verdicts only when clear
+- ``enginebench`` — the same map over shards on a pool and on Dask, measured side by side
 - ``ceiling``     — what workers could reach here: the same work in plain processes, in turn
+- ``shufflebench`` — the two-pass shuffle measured: mix per batch, displacement, memory, time
 - ``datawait``    — is the GPU waiting? each training step's wait for data apart from its compute
 - ``train``       — a small CNN and its train/evaluate loop, for the lessons and
   ``scripts/train.py``
@@ -57,6 +62,12 @@ Storage and servers
 - ``cachebench``  — stream, stage or cache, measured side by side on the emulated store
 - ``s3``          — an S3 server on loopback (moto, its own process); boto3, s3fs by one setting
 - ``system``      — versions, cores and accelerator of this machine
+
+Clusters
+- ``localslurm``  — a one-node Slurm on loopback: munged, slurmctld, slurmd from a private folder
+- ``multinode``   — torchrun "nodes" on this machine meeting in one c10d rendezvous
+
+The command line
 - ``cli``         — the ``packdata`` command
 
 The course's own tooling (exercises, checks, slides, schedule, Lab settings) is the subpackage

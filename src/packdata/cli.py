@@ -75,6 +75,9 @@ def _shards(args):
     elif args.action == "show":
         for sample in islice(shardread.iter_shard_samples(args.shards), args.count):
             print(shardread.format_sample(sample))
+    elif args.action == "map":
+        for path, samples in _map(args):
+            print(f"{path}\t{samples} samples")
     else:
         written = (
             shardwrite.split_tar(
@@ -89,6 +92,39 @@ def _shards(args):
         )
         for info in written:
             print(f"{info.path}\t{info.samples} samples\t{info.bytes:,} bytes")
+
+
+def import_function(spec):
+    """The function named ``"package.module:function"``; ``ValueError`` when there is none."""
+    module_name, _, name = spec.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        raise ValueError(
+            f"cannot import {spec!r}: give an importable module and a function in it, "
+            "as in packdata.mapshards:resize_sample"
+        ) from None
+    if not callable(function):
+        raise ValueError(f"{spec!r} is not a function")
+    return function
+
+
+def _map(args):
+    """``shards map``: the command or function over every sample, on a pool or a Dask cluster."""
+    from functools import partial
+
+    from . import engines, mapshards
+
+    if args.command is not None:
+        function = partial(mapshards.shell_sample, command=args.command)
+    else:
+        function = import_function(args.function)
+    map_over = partial(mapshards.map_shards, function, args.shards, args.out_dir)
+    if args.dask is None:
+        return map_over(processes=args.processes)
+    address = None if args.dask == "local" else args.dask
+    with engines.dask(address, workers=args.processes) as executor:
+        return map_over(executor=executor)
 
 
 def _serve(args):
@@ -161,7 +197,9 @@ def add_slides(verbs):
 
 
 def add_shards(verbs):
-    p = verbs.add_parser("shards", help="list, show, split and join tar shards (webdataset layout)")
+    p = verbs.add_parser(
+        "shards", help="list, show, split, join and map tar shards (webdataset layout)"
+    )
     actions = p.add_subparsers(dest="action", required=True)
     q = actions.add_parser("list", help="samples, members and bytes of each shard")
     q.add_argument("shards", nargs="+", help="shard paths, URLs or brace patterns (quote them)")
@@ -178,7 +216,36 @@ def add_shards(verbs):
     q = actions.add_parser("cat", help="concatenate shards into one tar")
     q.add_argument("shards", nargs="+")
     q.add_argument("-o", "--output", type=Path, required=True)
+    add_shards_map(actions)
     p.set_defaults(run=_shards)
+
+
+def add_shards_map(actions):
+    q = actions.add_parser(
+        "map",
+        help="apply a shell command or a Python function to every sample, in parallel, "
+        "into new shards (tarproc style)",
+    )
+    q.add_argument("shards", nargs="+", help="shard paths or brace patterns (quote them)")
+    q.add_argument("-o", "--out-dir", type=Path, required=True, help="folder of the new shards")
+    how = q.add_mutually_exclusive_group(required=True)
+    how.add_argument(
+        "-c",
+        "--command",
+        help="shell command, run in a folder holding the sample as sample.<ext> files; "
+        "the sample.* files left there are the new sample",
+    )
+    how.add_argument(
+        "-f",
+        "--function",
+        help="module:function, given a sample dict, returning {ext: bytes} (None drops it)",
+    )
+    q.add_argument("-p", "--processes", type=int, default=2, help="processes or Dask workers")
+    q.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        help="run on the Dask scheduler at ADDRESS ('local': a LocalCluster on 127.0.0.1)",
+    )
 
 
 def add_serve(verbs):

@@ -3,20 +3,29 @@
     map_shards(partial(resize_sample, size=32), "data/shards/train-{000000..000009}.tar",
     "data/shards-32")
 
+    with engines.dask("tcp://scheduler:8786") as executor:     # the same map on a Dask cluster
+        map_shards(resize_sample, shards, "data/shards-32", executor=executor)
+
 Each shard is an independent task that reads one shard and writes one (atomically), which is what
 lets a cluster engine run the same function on many machines. ``resize_shard`` is one such task
-written with webdataset alone, for a process pool of your own.
+written with webdataset alone, for a process pool of your own; ``shell_sample`` maps a shell
+command over samples, as ``tarproc -c`` does (``packdata shards map``).
 """
 
+import glob
 import os
+import subprocess
+import tempfile
+from concurrent.futures import as_completed
 from functools import partial
+from pathlib import Path
 
 import webdataset as wds
-from tqdm.auto import tqdm
 
+from . import engines
+from .atomic import _hidden as hidden_prefix
 from .images import ENCODED_IMAGES, encode_payload
 from .layout import expand_shards, local_targets, members_of
-from .perprocess import map_in_processes
 from .shardread import count_shard_samples, iter_shard_samples
 from .shardwrite import write_tar
 
@@ -37,6 +46,32 @@ def resize_sample(sample, size=32):
             members.pop(extension)
             members["jpg"] = encode_payload(sample[extension], "jpeg", size)
     return members
+
+
+SAMPLE_STEM = "sample"  # tarproc's name for a sample's files: sample.jpg, sample.cls, ...
+
+
+def shell_sample(sample, command):
+    """``tarproc``'s map in one sample: its members written as ``sample.<extension>`` files into an
+    empty temporary folder, ``command`` run there by the shell, and the ``sample.*`` files found
+    afterwards returned as the new members (a file added is a new member, a file removed is
+    dropped; no file left drops the sample). The command's output is discarded; a command that
+    fails raises ``ValueError`` naming the shard, the sample and the end of its error output."""
+    with tempfile.TemporaryDirectory(prefix="packdata-map-") as folder:
+        folder = Path(folder)
+        for extension, data in members_of(sample).items():
+            (folder / f"{SAMPLE_STEM}.{extension}").write_bytes(data)
+        done = subprocess.run(command, shell=True, cwd=folder, capture_output=True)
+        if done.returncode != 0:
+            error = done.stderr.decode(errors="replace").strip()[-500:]
+            raise ValueError(
+                f"{sample.get('__url__', 'a shard')}: sample {sample.get('__key__')!r}: "
+                f"{command!r} exited with status {done.returncode}: {error or 'no error output'}"
+            )
+        files = sorted(folder.glob(f"{SAMPLE_STEM}.*"), key=lambda path: path.name)
+        members = {path.name.partition(".")[2]: path.read_bytes() for path in files}
+    kept = {extension: members.pop(extension) for extension in sample if extension in members}
+    return {**kept, **members} or None  # the sample's own order first, then new members
 
 
 def resize_shard(job, size=32):
@@ -62,32 +97,34 @@ def map_shard(function, shard, target):
     return info.path, info.samples
 
 
-def map_shards(function, shards, out_dir, processes=2, progress=True):
-    """Run ``map_shard`` on every shard in ``processes`` processes, each output named like its input
-    in ``out_dir`` (two inputs with the same file name, in different folders, are refused).
+def map_shards(function, shards, out_dir, processes=2, progress=True, executor=None):
+    """Run ``map_shard`` on every shard, one task per shard, each output named like its input in
+    ``out_dir`` (two inputs with the same file name, in different folders, are refused).
+
+    The tasks run on ``executor`` (any ``concurrent.futures.Executor``: ``engines.local`` or
+    ``engines.dask``), else in a pool of ``processes`` processes (in this process when
+    ``processes`` ≤ 1). ``progress`` prints a line counting the shards as they finish.
 
     Outputs already in ``out_dir`` are kept, as ``stage`` keeps its copies: each is written
     atomically, so one that exists is complete, and running the map again after a crash or an
     interrupt maps only the shards still missing (after changing ``function``, empty ``out_dir``
-    first). ``function`` must be picklable (a module-level function, or a ``functools.partial`` of
-    one). Each shard is an independent task, which is what lets a cluster engine run the same
-    function on many machines. Returns the ``(path, samples)`` of each output shard, in input
+    first). A task that dies part-way (its worker killed) leaves only a hidden temporary file,
+    removed once the map is done. ``function`` must be picklable (a module-level function, or a
+    ``functools.partial`` of one). Returns the ``(path, samples)`` of each output shard, in input
     order.
     """
     shards = expand_shards(shards)
     pairs = list(zip(shards, local_targets(shards, out_dir)))
     missing = [(shard, target) for shard, target in pairs if not target.exists()]
-    mapped = map_in_processes(partial(_map_pair, function), missing, processes)
-    written = dict(
-        tqdm(
-            mapped,
-            total=len(missing),
-            desc="map over shards",
-            unit="shard",
-            disable=not progress,
-            leave=False,
-        )
-    )
+    task = partial(_map_pair, function)
+    if executor is not None:
+        written = _run_tasks(executor, task, missing, progress)
+    elif processes <= 1:
+        written = _counted(map(task, missing), len(missing), progress)
+    else:
+        with engines.local(processes) as pool:
+            written = _run_tasks(pool, task, missing, progress)
+    _remove_leftovers(target for _, target in pairs)
     return [
         (target, written[target] if target in written else count_shard_samples(target))
         for _, target in pairs
@@ -96,3 +133,40 @@ def map_shards(function, shards, out_dir, processes=2, progress=True):
 
 def _map_pair(function, pair):
     return map_shard(function, *pair)
+
+
+def _run_tasks(executor, task, items, progress):
+    """``{target: samples}`` of ``task(item)`` for each item, submitted to ``executor`` and
+    collected as they finish; on the first failure the tasks not started yet are cancelled."""
+    futures = [executor.submit(task, item) for item in items]
+    try:
+        return _counted(
+            (future.result() for future in as_completed(futures)), len(futures), progress
+        )
+    finally:
+        for future in futures:
+            future.cancel()  # a no-op for those done or running
+
+
+def _counted(results, total, progress):
+    """``{target: samples}`` of the ``(target, samples)`` results, printing ``done/total`` on one
+    line as each comes (when ``progress``)."""
+    written = {}
+    for target, samples in results:
+        written[target] = samples
+        if progress:
+            end = "\n" if len(written) == total else ""
+            print(
+                f"\rmapped {len(written)}/{total} shards ({target.name}: {samples})",
+                end=end,
+                flush=True,
+            )
+    return written
+
+
+def _remove_leftovers(targets):
+    """Remove the hidden temporary files that killed tasks left beside ``targets``."""
+    for target in targets:
+        prefix = hidden_prefix(target.name)
+        for leftover in target.parent.glob(f"{glob.escape(prefix)}*"):
+            leftover.unlink(missing_ok=True)

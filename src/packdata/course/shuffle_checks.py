@@ -1,0 +1,145 @@
+"""Checks for lesson 8's shuffle exercises: the scatter pass's bucket of a sample, and the gather
+pass's shuffle of one bucket.
+
+Each check runs the learner's function for real (the bucket function also in fresh interpreters
+with other hash seeds, as the tasks of a cluster would run it), builds the two-pass order of a
+class-by-class input with it, compares the class mix per batch with a full shuffle's, and names the
+mistake it sees.
+"""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from collections import Counter
+
+import numpy as np
+
+from .. import shufflebench, twopass
+from .checks import CheckFailed, passed
+
+CLASSES, PER_CLASS, BUCKETS, BATCH = 10, 400, 8, 64
+KEYS = [f"{i:06d}" for i in range(CLASSES * PER_CLASS)]  # class by class, as a tar of tars comes
+LABELS = np.repeat(np.arange(CLASSES), PER_CLASS)
+
+
+def _mix_gap(order):
+    """How many fewer classes a batch of the ``order`` holds than a full shuffle's batch."""
+    full = shufflebench.quality(shufflebench.full_shuffle(len(KEYS)), LABELS, BATCH).classes
+    return full - shufflebench.quality(order, LABELS, BATCH).classes, full
+
+
+def _two_pass_order(bucket_for, shuffle):
+    """Input positions in the order two passes write them, with these two functions."""
+    buckets = [[] for _ in range(BUCKETS)]
+    for position, key in enumerate(KEYS):
+        buckets[bucket_for(key, 0, BUCKETS)].append(position)
+    return np.concatenate([shuffle(list(b), 0, i) for i, b in enumerate(buckets) if b]).astype(int)
+
+
+def _in_fresh_interpreter(function, keys, hash_seed):
+    """``[function(key, 0, BUCKETS) for key in keys]`` computed by another Python process from the
+    function's source, with ``PYTHONHASHSEED=hash_seed``; None when the source is not at hand."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return None
+    modules = {
+        name: value.__name__
+        for name in function.__code__.co_names
+        if isinstance(value := function.__globals__.get(name), types.ModuleType)
+    }
+    program = (
+        "import importlib, json, sys\n"
+        "names = {n: importlib.import_module(m) for n, m in json.loads(sys.argv[1]).items()}\n"
+        "globals().update(names)\n"
+        f"{source}\n"
+        f"keys = json.loads(sys.argv[2])\n"
+        f"print(json.dumps([{function.__name__}(k, 0, {BUCKETS}) for k in keys]))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+    done = subprocess.run(
+        [sys.executable, "-c", program, json.dumps(modules), json.dumps(keys)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    return json.loads(done.stdout) if done.returncode == 0 else None
+
+
+def check_bucket_for(bucket_for):
+    """``bucket_for(key, seed, buckets)``: an int in range, the same in every process, changed by
+    the seed, spread evenly, and mixing a class-by-class input as well as a full shuffle."""
+    got = [bucket_for(key, 0, BUCKETS) for key in KEYS]
+    wrong = [b for b in got if not isinstance(b, (int, np.integer)) or not 0 <= b < BUCKETS]
+    if wrong:
+        raise CheckFailed(
+            f"bucket_for returned {wrong[0]!r}: a bucket is an int in 0..{BUCKETS - 1}"
+        )
+    if got != [bucket_for(key, 0, BUCKETS) for key in KEYS]:
+        raise CheckFailed("bucket_for gave another bucket the second time: draw nothing unseeded")
+    if got == [bucket_for(key, 1, BUCKETS) for key in KEYS]:
+        raise CheckFailed(
+            "seed 0 and seed 1 give the same buckets: mix the seed into the hash, or every epoch's "
+            "conversion shuffles alike"
+        )
+    sample = KEYS[:200]
+    others = [_in_fresh_interpreter(bucket_for, sample, seed) for seed in (1, 2)]
+    if None not in others and (others[0] != others[1] or others[0] != got[:200]):
+        raise CheckFailed(
+            "another Python process puts the same key in another bucket: str's hash() changes "
+            "with every interpreter (PYTHONHASHSEED), so scatter tasks on other workers would "
+            "disagree. Use a hash of the bytes (hashlib.blake2b, zlib.crc32)"
+        )
+    counts = Counter(got)
+    if max(counts.values()) > 1.3 * len(KEYS) / BUCKETS:
+        raise CheckFailed(
+            f"bucket sizes run from {min(counts.values(), default=0)} to {max(counts.values())} "
+            f"for {len(KEYS) // BUCKETS} on average: the largest bucket sets the memory"
+        )
+    gap, full = _mix_gap(_two_pass_order(bucket_for, twopass.shuffle_bucket))
+    if gap > 0.5:
+        raise CheckFailed(
+            f"a batch of {BATCH} holds {full - gap:.1f} classes, a full shuffle's {full:.1f}: "
+            "neighbouring samples land in the same bucket. The bucket must not follow the "
+            "position (a range of keys); hash the key"
+        )
+    passed(f"buckets even, the same in every process, {full - gap:.1f} classes a batch")
+
+
+def check_shuffle_bucket(shuffle_bucket):
+    """``shuffle_bucket(samples, seed, bucket)``: the same samples, each once, in a random order
+    that depends on the seed and on the bucket, the same every run."""
+    items = list(range(500))
+    got = shuffle_bucket(list(items), 0, 3)
+    if got is None:
+        raise CheckFailed(
+            "shuffle_bucket returned None: random.shuffle and rng.shuffle shuffle in place and "
+            "return None; return the list"
+        )
+    got = [int(item) for item in got]
+    if sorted(got) != items:
+        missing, twice = set(items) - set(got), [i for i, n in Counter(got).items() if n > 1]
+        raise CheckFailed(
+            f"{len(missing)} sample(s) lost and {len(twice)} came twice: draw a permutation, not "
+            "with replacement"
+        )
+    if got == items:
+        raise CheckFailed("the bucket came back in its input order: shuffle it")
+    if got != [int(item) for item in shuffle_bucket(list(items), 0, 3)]:
+        raise CheckFailed("another run shuffled the bucket otherwise: seed the generator")
+    if got == [int(item) for item in shuffle_bucket(list(items), 0, 4)]:
+        raise CheckFailed(
+            "buckets 3 and 4 were shuffled the same way: seed with (seed, bucket), or buckets of "
+            "one size move their samples alike"
+        )
+    if got == [int(item) for item in shuffle_bucket(list(items), 1, 3)]:
+        raise CheckFailed("seed 0 and seed 1 shuffle alike: use the seed")
+    gap, full = _mix_gap(_two_pass_order(twopass.bucket_of, shuffle_bucket))
+    if gap > 0.5:
+        raise CheckFailed(f"a batch holds {full - gap:.1f} classes, a full shuffle's {full:.1f}")
+    passed(f"each bucket a seeded permutation of its own, {full - gap:.1f} classes a batch")

@@ -1,0 +1,83 @@
+"""Several torchrun "nodes" on this machine, meeting in one c10d rendezvous on loopback: a
+multi-node job for real, each node a ``torchrun`` process of its own as on a cluster.
+
+    nodes = launch_nodes(["scripts/train.py", shards, "--test", test], nodes=2, procs_per_node=1)
+    for node in nodes:
+        print(node.node, node.returncode, node.lines("rank"))
+
+Every launch runs the same command line, as ``srun`` runs it once per node:
+``torchrun --nnodes=N --nproc_per_node=P --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT
+--rdzv_id=JOB``. The first launch hosts the rendezvous store (``is_host``); c10d numbers the nodes
+as they join, so launch 0 is not always node rank 0.
+"""
+
+import os
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .localslurm import free_port
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """What one launch did: its index, exit status and output (stdout and stderr together)."""
+
+    node: int
+    returncode: int
+    output: str
+
+    def lines(self, prefix=""):
+        """The output's lines that start with ``prefix``."""
+        return [line for line in self.output.splitlines() if line.startswith(prefix)]
+
+
+def torchrun_command(arguments, nodes, procs_per_node, endpoint, run_id, host):
+    """The torchrun command line of one node; ``host``: this node hosts the rendezvous store."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc_per_node={procs_per_node}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={endpoint}",
+        f"--rdzv_id={run_id}",
+        f"--rdzv_conf=is_host={int(host)}",
+        *map(str, arguments),
+    ]
+
+
+def launch_nodes(arguments, nodes=2, procs_per_node=1, timeout=300, env=None):
+    """Run the script and arguments ``arguments`` on ``nodes`` torchrun launches of
+    ``procs_per_node`` ranks each, meeting at a free port of 127.0.0.1; wait for all of them and
+    return a ``NodeRun`` per launch. Launches still running after ``timeout`` s are killed (their
+    output so far is kept; their status is then negative)."""
+    endpoint, run_id = f"127.0.0.1:{free_port()}", f"packdata-{uuid.uuid4().hex[:8]}"
+    # one thread per rank: the ranks share this machine's cores (and torchrun stops warning)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    launches = [
+        subprocess.Popen(
+            torchrun_command(arguments, nodes, procs_per_node, endpoint, run_id, node == 0),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for node in range(nodes)
+    ]
+
+    def collect(node):
+        launch = launches[node]
+        try:
+            output, _ = launch.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launch.kill()
+            output, _ = launch.communicate()
+        return NodeRun(node, launch.returncode, output)
+
+    # each in a thread of its own: a launch whose pipe fills must not wait for another's end
+    with ThreadPoolExecutor(nodes) as pool:
+        return list(pool.map(collect, range(nodes)))

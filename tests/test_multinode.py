@@ -1,0 +1,48 @@
+"""Two torchrun launches on loopback, --nnodes=2 and a c10d rendezvous (packdata.multinode), train
+scripts/train.py together: ranks numbered across nodes, own shards per rank, equal steps."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from packdata import shardread, shardwrite
+from packdata.multinode import launch_nodes
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
+
+
+@pytest.fixture(scope="module")
+def shard_paths(tiny_dataset, tmp_path_factory):
+    written = shardwrite.write_shards(
+        tiny_dataset, tmp_path_factory.mktemp("shards"), maxcount=6, progress=False
+    )
+    return [str(info.path) for info in written]  # 60 samples: ten shards of 6
+
+
+def test_two_nodes_of_two_ranks_train_together(shard_paths, tmp_path):
+    train, test = shard_paths[:9], shard_paths[9]
+    arguments = [SCRIPT, *train, "--test", test, "--epochs", "2", "--batch-size", "4"]
+    nodes = launch_nodes([*arguments, "--report", tmp_path], nodes=2, procs_per_node=2)
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(n.output for n in nodes)
+
+    # each launch ran two of the four ranks: either 0 and 1 or 2 and 3
+    ranks = [{int(r) for r in re.findall(r"^rank (\d):", n.output, re.M)} for n in nodes]
+    assert sorted(map(sorted, ranks)) == [[0, 1], [2, 3]]
+    assert len(nodes[0].lines("rank 0: test accuracy") + nodes[1].lines("rank 0: test")) == 1
+
+    reports = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(4)]
+    assert {report["world_size"] for report in reports} == {4}
+    steps = [report["steps"] for report in reports]
+    assert steps[0] == steps[1] == steps[2] == steps[3] and min(steps[0]) > 0
+    shard_of = {
+        key: shard
+        for shard in train
+        for key in (s["__key__"] for s in shardread.iter_shard_samples([shard]))
+    }
+    for epoch in range(2):
+        keys = [report["keys"][epoch] for report in reports]
+        assert len(set().union(*keys)) == sum(map(len, keys))  # no sample on two ranks
+        shards = [{shard_of[key] for key in mine} for mine in keys]
+        assert len(set().union(*shards)) == sum(map(len, shards))  # nor a shard

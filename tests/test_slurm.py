@@ -1,0 +1,131 @@
+"""A real one-node Slurm cluster on loopback (packdata.localslurm) runs the course's job script,
+scripts/slurm/train.sbatch: sbatch, srun staging once per node, torchrun's ranks with equal steps.
+
+Skipped, with the daemon and its log's last lines, when Slurm is not installed or cannot start here;
+with PACKDATA_REQUIRE_SLURM=1 (as in .ci/run) those are failures instead.
+"""
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from packdata import localslurm, shardwrite, synthetic
+from packdata.course import slurm_checks
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "slurm" / "train.sbatch"
+REQUIRED = os.environ.get("PACKDATA_REQUIRE_SLURM") == "1"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """The cluster, started in a folder of its own for this module, stopped after it."""
+    folder = tmp_path_factory.mktemp("slurm")
+    try:
+        with localslurm.cluster(folder) as cluster:
+            yield cluster
+    except localslurm.SlurmError as error:
+        if REQUIRED:
+            raise
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """The small synthetic set (500 images) as ten shards of 50: nine to train on, one to test."""
+    written = shardwrite.write_shards(
+        synthetic.make_dataset(size="small", progress=False),
+        tmp_path_factory.mktemp("shards"),
+        maxcount=50,
+        progress=False,
+    )
+    return [str(info.path) for info in written]
+
+
+def test_a_missing_slurm_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(localslurm, "missing_programs", lambda: ["munged", "slurmctld"])
+    with pytest.raises(localslurm.SlurmMissing, match="munged, slurmctld.*apt-get install"):
+        localslurm.LocalSlurm(tmp_path).start()
+
+
+def test_a_daemon_that_cannot_start_is_named_with_its_log(slurm, tmp_path):
+    # a second cluster beside the running one, whose controller port is taken: slurmctld fails
+    other = localslurm.LocalSlurm(tmp_path / "other")
+    taken = re.search(r"SlurmctldPort=\d+", slurm.conf.read_text())[0]
+    render = other.render
+
+    def render_on_a_taken_port():
+        render()
+        other.conf.write_text(re.sub(r"SlurmctldPort=\d+", taken, other.conf.read_text()))
+
+    other.render = render_on_a_taken_port
+    with pytest.raises(
+        localslurm.SlurmError, match=r"slurmctld could not start (?s:.*)Address already in use"
+    ):
+        other.start(timeout=15)
+    assert not other.running()  # its munged was stopped again
+
+
+def test_the_job_script_trains_on_every_rank_with_equal_steps(slurm, shards, tmp_path):
+    reports = tmp_path / "reports"
+    env = slurm.environment(
+        SHARDS=str(Path(shards[0]).parent / "train-{000000..000008}.tar"),
+        TEST=shards[9],
+        TRAIN_ARGS=f"--epochs 2 --batch-size 16 --buffer 50 --report {reports}",
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        TMPDIR=str(tmp_path / "scratch"),
+    )
+    started = time.perf_counter()
+    job = slurm.submit(SCRIPT, f"--output={tmp_path}/%j.out", env=env, cwd=ROOT)
+    state = slurm.wait(job, timeout=240)
+    wall = time.perf_counter() - started
+    log = (tmp_path / f"{job}.out").read_text()
+    assert state == "COMPLETED", log
+    print(f"job {job}: {wall:.1f} s from sbatch to its end")
+
+    # staged once on the node, then its scratch emptied
+    assert len(re.findall(r"9 shards .* in .*/packdata-" + str(job), log)) == 1, log
+    assert not (tmp_path / "scratch" / f"packdata-{job}").exists()
+    # every rank's lines, each epoch the same number of steps on both ranks
+    steps = {}  # {epoch: {rank: steps}}
+    for rank, epoch, count in re.findall(r"^0: rank (\d): epoch (\d): (\d+) steps", log, re.M):
+        steps.setdefault(epoch, {})[rank] = int(count)
+    assert {epoch: set(ranks) for epoch, ranks in steps.items()} == {
+        "1": {"0", "1"},
+        "2": {"0", "1"},
+    }
+    assert all(len(set(ranks.values())) == 1 for ranks in steps.values()), log
+    assert re.search(r"^0: rank 0: test accuracy", log, re.MULTILINE), log
+    # and the ranks trained on different samples
+    keys = [json.loads((reports / f"rank-{rank}.json").read_text())["keys"] for rank in (0, 1)]
+    for epoch in range(2):
+        assert keys[0][epoch] and not set(keys[0][epoch]) & set(keys[1][epoch])
+
+
+def test_the_exercise_check_names_the_usual_mistakes():
+    def right(slurm):
+        return {
+            "RANK": slurm["SLURM_PROCID"],
+            "WORLD_SIZE": slurm["SLURM_NTASKS"],
+            "LOCAL_RANK": slurm["SLURM_LOCALID"],
+            "LOCAL_WORLD_SIZE": slurm["SLURM_NTASKS_PER_NODE"],
+            "GROUP_RANK": slurm["SLURM_NODEID"],
+        }
+
+    slurm_checks.check_torch_env(right)
+    mistakes = {
+        ("RANK", "SLURM_NODEID"): "tasks of one node would all get the same rank",
+        ("RANK", "SLURM_LOCALID"): "two nodes would both have a rank 0",
+        ("WORLD_SIZE", "SLURM_NNODES"): "counts ranks, not nodes",
+        ("LOCAL_RANK", "SLURM_PROCID"): "restarts at 0 on every node",
+    }
+    for (name, used), why in mistakes.items():
+        with pytest.raises(slurm_checks.CheckFailed, match=f"{name}: .*{why}"):
+            slurm_checks.check_torch_env(
+                lambda slurm, name=name, used=used: {**right(slurm), name: slurm[used]}
+            )
