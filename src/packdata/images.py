@@ -9,7 +9,6 @@ re-encoding, or the decoded pixels (``payload="raw"``).
 import io
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps
 
 JPEG_QUALITY = 90
@@ -124,6 +123,7 @@ def decode_image(data, decoder="pil"):
         with Image.open(io.BytesIO(data)) as image:
             rgb = image if image.mode == "RGB" else image.convert("RGB")
             return pixels_as_tensor(np.array(rgb))
+    import torch  # here, not at the top: processes that only write shards never import torch
     from torchvision import io as tvio  # on first use: importing torchvision slows worker start
 
     return tvio.decode_image(
@@ -139,6 +139,8 @@ def is_pixels(array):
 def pixels_as_tensor(array):
     """A ``uint8`` (H, W, 3) array as a (3, H, W) tensor: a view of the array, its channels
     still last in memory."""
+    import torch  # on first use: a pool that only encodes starts without it (about 1.5 s each)
+
     return torch.from_numpy(array).permute(2, 0, 1)
 
 
