@@ -1,8 +1,9 @@
 """JupyterLab as the course sets it up: the extensions it loads, and saving a lesson unedited.
 
 ``jupyter labextension list`` marks an extension whose declared dependencies do not match the
-installed JupyterLab with a red X. jupyterlab-rise requires jupyterlab-mathjax3, a JupyterLab 3
-extension: ``packdata lab-settings`` disables it (``packdata.course.hub``). The test runs the list
+installed JupyterLab with a red X. jupyterlab-rise 0.43 requires jupyterlab-mathjax3, a JupyterLab
+3 extension; the course pins 0.42.0, which does not, and ``packdata lab-settings`` disables it
+where an older environment still has it (``packdata.course.hub``). The test runs the list
 against the settings that ``write_lab_settings`` writes into a fresh prefix, so it checks what
 ``make setup`` and ``postBuild`` ship rather than the state of one machine's ``.venv``.
 
@@ -38,7 +39,7 @@ SHEETS = ("notebooks", "solutions", "exercises")
 
 JUPYTER = Path(sys.executable).with_name("jupyter")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# "        jupyterlab-rise v0.43.1 enabled OK (python, jupyterlab_rise)"
+# "        jupyterlab-rise v0.42.0 enabled OK (python, jupyterlab_rise)"
 ROW = re.compile(
     r"^\s+(?P<name>\S+) v(?P<version>\S+)\s+(?P<state>enabled|disabled)\s+(?P<ok>OK|X)"
 )
@@ -144,20 +145,27 @@ def test_lab_opens_a_lesson_and_an_exercise_sheet_with_the_course_kernel(tmp_pat
     for sheet in OPENED_IN_BROWSER:
         (root / sheet).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / sheet, root / sheet)
-    with lab_server(root, tmp_path) as (base, token), browser() as page:
+    with lab_server(root, tmp_path) as (base, token):
         for sheet in OPENED_IN_BROWSER:
-            saved = (root / sheet).stat().st_mtime_ns
-            page.open(f"{base}/lab/tree/{sheet}?token={token}")
-            assert wait_for_notebook(page, Path(sheet).name) == "Python 3 (ipykernel)"
-            with urllib.request.urlopen(f"{base}/api/sessions?token={token}") as answer:
-                kernels = {s["path"]: s["kernel"]["name"] for s in json.load(answer)}
-            assert kernels.get(sheet) == "python3", kernels
-            page.wait_for(
-                f"!!document.querySelector('{NOTEBOOK} [data-jp-item-name=RISE-button]')",
-                f"{sheet}: no RISE button in the notebook's toolbar",
-            )
-            press_save(page)
-            assert (root / sheet).stat().st_mtime_ns != saved, f"{sheet} was not written"
-            assert (root / sheet).read_bytes() == (ROOT / sheet).read_bytes(), (
-                f"opening and saving {sheet} in Lab rewrote it"
-            )
+            check_opens_as_notebook(base, token, root, sheet)
+
+
+def check_opens_as_notebook(base, token, root, sheet):
+    """Open ``sheet`` in a browser of its own: navigating away from a notebook whose kernel runs
+    can raise Lab's "leave the page?" dialog, which would hold the next navigation."""
+    with browser() as page:
+        saved = (root / sheet).stat().st_mtime_ns
+        page.open(f"{base}/lab/tree/{sheet}?token={token}")
+        assert wait_for_notebook(page, Path(sheet).name) == "Python 3 (ipykernel)"
+        with urllib.request.urlopen(f"{base}/api/sessions?token={token}") as answer:
+            kernels = {s["path"]: s["kernel"]["name"] for s in json.load(answer)}
+        assert kernels.get(sheet) == "python3", kernels
+        page.wait_for(
+            f"!!document.querySelector('{NOTEBOOK} [data-jp-item-name=RISE-button]')",
+            f"{sheet}: no RISE button in the notebook's toolbar",
+        )
+        press_save(page)
+        assert (root / sheet).stat().st_mtime_ns != saved, f"{sheet} was not written"
+        assert (root / sheet).read_bytes() == (ROOT / sheet).read_bytes(), (
+            f"opening and saving {sheet} in Lab rewrote it"
+        )

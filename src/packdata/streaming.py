@@ -467,8 +467,7 @@ class ShardDataset(IterableDataset):
         return self.iterate(*_worker())
 
     def iterate(self, worker=0, num_workers=1):
-        """The pipeline of one worker: what ``__iter__`` runs in DataLoader worker ``worker`` of
-        ``num_workers``; from a loaded state's place when one was loaded for this epoch."""
+        """The pipeline ``__iter__`` runs in worker ``worker`` of ``num_workers``, or resumes."""
         layout = Layout(self.rank, self.world_size, worker, num_workers)
         report = Skips(f"rank {self.rank} worker {worker}") if self.errors == "skip" else raise_now
         provenance = ("__url__", "__key__") if self.decode else ()  # for decode's error messages

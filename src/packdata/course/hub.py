@@ -20,10 +20,13 @@ LAB_OVERRIDES = {
     "jupyterlab-rise:plugin": {"theme": "serif"},
 }
 
-# Installed, but built for JupyterLab 3: jupyterlab-rise 0.43 requires jupyterlab-mathjax3, whose
-# extension JupyterLab 4 flags as incompatible (Lab 4 renders math with its own MathJax 3).
-# Disabled, neither Lab nor RISE activates it; locked, Lab's plugin manager cannot enable it (and
-# Lab does not rewrite the file to add the lock itself, as it does to a bare disabledExtensions).
+# Built for JupyterLab 3: jupyterlab-rise 0.43 requires jupyterlab-mathjax3, whose extension
+# JupyterLab 4 lists as incompatible, with a red X (Lab 4 renders math with its own MathJax 3). The
+# course pins jupyterlab-rise 0.42.0, which does not require it; an environment built with 0.43
+# keeps it installed (pip does not remove a dependency that is no longer asked for). There it is
+# disabled, so neither Lab nor RISE activates it, and locked, so Lab's plugin manager cannot
+# enable it (Lab does not rewrite the file to add the lock itself, as it does to a bare
+# disabledExtensions).
 DISABLED_EXTENSIONS = {"@jupyterlab/mathjax3-extension": True}
 
 
