@@ -4,7 +4,7 @@
 cell: every ``DataLoader``, ``WebLoader`` and ``Pool`` a lesson makes without a
 ``multiprocessing_context`` of its own then starts its workers with ``$PACKDATA_START_METHOD``,
 ``forkserver`` unless set (the default on Linux from Python 3.14; 3.11 to 3.13 fork).
-tests/test_start_methods.py sets ``spawn``, the default on macOS and Windows.
+tests/test_lessons.py sets ``spawn``, the default on macOS and Windows, for some lessons.
 """
 
 import multiprocessing

@@ -5,8 +5,16 @@ fails the test with the cell and its traceback. The run writes the executed slid
 ``build/slides/``, where ``tests/test_slides.py`` measures it in a browser, so that ``make test``
 executes each lesson once. Without npm the deck still builds (it then loads reveal.js from a CDN,
 which only the browser tests would mind).
+
+Start methods: `make test` points ``PYTHONSTARTUP`` at ``tests/start_method.py``, so every
+``DataLoader``, ``WebLoader`` and ``Pool`` a lesson makes without a start method of its own starts
+its workers by ``forkserver`` (Linux from Python 3.14), or by ``spawn`` (macOS, Windows) in the
+lessons of ``SPAWNED``: the streaming lessons and the resume lesson, whose worker code learners
+copy. Both pickle what they send to a worker, so a lambda or a class defined in the notebook fails
+under either. ``PACKDATA_SPAWN_LESSONS=all`` runs every lesson under ``spawn``.
 """
 
+import os
 import shutil
 from pathlib import Path
 
@@ -16,10 +24,13 @@ from packdata.course.slides import build_slides
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
+SPAWNED = "*" if os.environ.get("PACKDATA_SPAWN_LESSONS") == "all" else "0[457]"
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[path.stem for path in LESSONS])
-def test_lesson_runs(lesson, tmp_path):
+def test_lesson_runs(lesson, tmp_path, monkeypatch):
+    if lesson.match(f"{SPAWNED}_*.md"):
+        monkeypatch.setenv("PACKDATA_START_METHOD", "spawn")
     folder = tmp_path / "notebooks"
     folder.mkdir()
     shutil.copy(lesson, folder / lesson.name)
