@@ -63,7 +63,7 @@ lab: setup data notebooks  ## set everything up and open JupyterLab on the cours
 
 test: export PACKDATA_SIZE := small
 # notebook kernels start workers by forkserver, as Python 3.14 does on Linux (tests/start_method.py),
-# or by spawn, as on macOS, in the lessons tests/test_lessons.py names
+# or by spawn, as on macOS, in the lessons tests/test_lessons.py names (the forkserver preloads torch)
 test: export PYTHONSTARTUP := $(abspath tests/start_method.py)
 # the lessons run once, in tests/test_lessons.py, which keeps their executed decks for the browser test
 test: setup data notebooks exercises-check check-install lint  ## set everything up and run every test (unit tests and notebooks)
