@@ -19,7 +19,8 @@ from pathlib import Path
 import websocket
 
 CHROMIUM = shutil.which("chromium")
-FLAGS = [
+# headless, nothing of Chromium's own traffic, and every host but 127.0.0.1 unresolvable
+OFFLINE_FLAGS = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -28,8 +29,12 @@ FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # Chromium asks Google about the forms of a page it shows (Lab has some), keyed to that page
     "--disable-features=AutofillServerCommunication",
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+]
+FLAGS = [
+    *OFFLINE_FLAGS,
     "--remote-debugging-address=127.0.0.1",
     "--remote-debugging-port=0",
     "--window-size=1280,800",

@@ -43,25 +43,12 @@ from urllib.parse import urlsplit
 
 import jupytext
 import pytest
+from browser import CHROMIUM, OFFLINE_FLAGS
 from labserver import lab_server
 
 from packdata.course.slides import build_slides
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium")
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    # Chromium asks Google about the forms of a page it shows (Lab has some), keyed to that page
-    "--disable-features=AutofillServerCommunication",
-    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-]
 # The site (scheme and host, no port) of every page the tests open, and where requests may go.
 PAGE_SITE = "http://127.0.0.1"
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -155,7 +142,7 @@ def serve(folder):
 def chromium(*args, budget_ms=5000):
     """Run headless Chromium with a fresh profile; return its stdout."""
     with tempfile.TemporaryDirectory() as profile:
-        flags = [*CHROMIUM_FLAGS, f"--virtual-time-budget={budget_ms}"]
+        flags = [*OFFLINE_FLAGS, f"--virtual-time-budget={budget_ms}"]
         cmd = [CHROMIUM, *flags, f"--user-data-dir={profile}", *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
 
