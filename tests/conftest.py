@@ -8,6 +8,13 @@ import pytest
 from packdata import synthetic
 
 
+def pytest_collection_modifyitems(items):
+    """The lessons and the browser test of their decks first (``xdist_group("lessons")``): they
+    are the longest chain, and under ``make test``'s two pytest-xdist workers one worker runs them
+    in turn while the other takes every other test."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
     """Root of a 60-image synthetic dataset (6 per class), built once per session. Do not modify

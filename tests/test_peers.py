@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "benchmarks" / "peers"
 DRIVERS = sorted(PEERS.glob("tool_*.py"))
-CONSTANTS = ("TITLE", "PACKAGE", "VENV", "READS", "WRITER")
+CONSTANTS = ("TITLE", "PACKAGE", "VENV", "READS", "KEEPS", "WRITER")
 FUNCTIONS = {"convert": ["root", "out", "shards"], "open_loader": ["place", "state"]}
 
 
@@ -56,6 +56,7 @@ def test_every_tool_of_the_lab_has_a_driver_and_ours_comes_first():
 def test_driver_offers_the_shared_interface(path):
     constants, functions, names = top_level(path)
     assert set(constants) == set(CONSTANTS), f"{path.name} lacks {set(CONSTANTS) - set(constants)}"
+    assert isinstance(constants.pop("KEEPS"), bool)
     assert all(isinstance(value, str) and value for value in constants.values())
     assert constants["VENV"] in run.PYTHONS
     for name, arguments in FUNCTIONS.items():
@@ -97,5 +98,5 @@ def test_drivers_import_and_describe_themselves_in_their_environment(venv, tmp_p
         )
         assert done.returncode == 0, done.stderr[-2000:]
         about = json.loads(done.stdout.strip().splitlines()[-1])
-        assert set(about) == {"title", "package", "reads", "writer", "version"}
+        assert set(about) == {"title", "package", "reads", "keeps", "writer", "version"}
         assert about["version"][0].isdigit()

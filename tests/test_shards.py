@@ -2,6 +2,7 @@
 atomically), splitting and concatenating them, and the ``packdata shards`` verbs."""
 
 import tarfile
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torchvision
@@ -72,6 +73,19 @@ def test_the_same_input_gives_the_same_bytes_with_any_number_of_processes(
 ):
     parallel = write_shards(tiny_dataset, tmp_path, maxcount=8, processes=2, progress=False)
     assert [p.path.read_bytes() for p in parallel] == [w.path.read_bytes() for w in written[1]]
+
+
+def test_a_pool_started_once_serves_several_writes_with_the_same_bytes(
+    tiny_dataset, written, tmp_path
+):
+    expected = [w.path.read_bytes() for w in written[1]]
+    with ProcessPoolExecutor(2) as pool:
+        for run in range(2):
+            out = tmp_path / str(run)
+            infos = write_shards(
+                tiny_dataset, out, maxcount=8, processes=2, executor=pool, progress=False
+            )
+            assert [info.path.read_bytes() for info in infos] == expected
 
 
 def test_maxsize_bounds_every_shard(tiny_dataset, tmp_path):

@@ -4,7 +4,8 @@ A driver (``tool_<name>.py`` beside this file) is a module with:
 
 - ``TITLE``: the tool's name in the table; ``PACKAGE``: the distribution whose version is shown;
   ``VENV``: ``"peers"`` or ``"mosaic"``, the side environment it runs in; ``READS``: how it reads
-  the store, in words; ``WRITER``: which writer made its files, in words;
+  the store, in words; ``KEEPS``: whether it keeps a local copy that epoch 2 reads instead of the
+  store; ``WRITER``: which writer made its files, in words;
 - ``convert(root, out, shards)``: write the photos at ``root`` into ``out`` with the tool's own
   writer, about ``shards`` files of samples;
 - ``open_loader(place, state=None)``: an iterable of ``(keys, images)`` batches for one rank and
@@ -234,7 +235,8 @@ def resume(tool, job, rank, world, out):
 def describe(job):
     """Print what the table says about the tool, and its version, as JSON."""
     tool = importlib.import_module(f"tool_{job['tool']}")
-    about = {name.lower(): getattr(tool, name) for name in ("TITLE", "PACKAGE", "READS", "WRITER")}
+    names = ("TITLE", "PACKAGE", "READS", "KEEPS", "WRITER")
+    about = {name.lower(): getattr(tool, name) for name in names}
     about["version"] = importlib.metadata.version(tool.PACKAGE)
     print(json.dumps(about))
 

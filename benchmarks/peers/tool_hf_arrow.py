@@ -15,6 +15,7 @@ TITLE = "HF datasets, Arrow"
 PACKAGE = "datasets"
 VENV = "peers"
 READS = "HTTP: every file downloaded to local disk first, then memory-mapped"
+KEEPS = True  # a local copy read again in epoch 2
 WRITER = "datasets save_to_disk (Arrow)"
 FEATURES = Features({"key": Value("string"), "label": Value("int64"), "jpg": Value("binary")})
 

@@ -15,6 +15,7 @@ TITLE = "HF datasets, webdataset streaming"
 PACKAGE = "datasets"
 VENV = "peers"
 READS = "HTTP: one streamed GET per shard (fsspec)"
+KEEPS = False  # every epoch from the store
 WRITER = "webdataset.ShardWriter (tar)"
 
 

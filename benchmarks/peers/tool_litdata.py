@@ -19,6 +19,7 @@ TITLE = "LitData"
 PACKAGE = "litdata"
 VENV = "peers"
 READS = "HTTP: chunks downloaded whole to a local cache (a GET each, its register_downloader)"
+KEEPS = True  # a local copy read again in epoch 2
 WRITER = "litdata.optimize (chunks)"
 
 

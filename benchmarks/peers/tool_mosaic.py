@@ -21,6 +21,7 @@ TITLE = "MosaicML streaming"
 PACKAGE = "mosaicml-streaming"
 VENV = "mosaic"
 READS = "HTTP: shards downloaded whole to a local cache (a GET each, a downloader added)"
+KEEPS = True  # a local copy read again in epoch 2
 WRITER = "streaming.MDSWriter (MDS)"
 COLUMNS = {"key": "str", "label": "int", "jpg": "bytes"}
 

@@ -16,6 +16,7 @@ TITLE = "torchdata.nodes"
 PACKAGE = "torchdata"
 VENV = "peers"
 READS = "HTTP: one GET per shard (urllib, in threads)"
+KEEPS = False  # every epoch from the store
 WRITER = "webdataset.ShardWriter (tar); nodes has no format"
 FETCH_THREADS = 2
 

@@ -14,6 +14,7 @@ TITLE = "our stream (packdata)"
 PACKAGE = "packdata"
 VENV = "peers"
 READS = "HTTP: one GET per shard, every epoch"
+KEEPS = False  # every epoch from the store
 WRITER = "packdata.shardwrite (tar)"
 
 

@@ -13,6 +13,7 @@ TITLE = "our stream + ShardCache (packdata)"
 PACKAGE = "packdata"
 VENV = "peers"
 READS = "HTTP: one GET per shard into a local ShardCache (LRU, next shard fetched ahead)"
+KEEPS = True  # a local copy read again in epoch 2
 WRITER = "packdata.shardwrite (tar)"
 LIMIT = 10 * 10**9  # bytes: far more than the lab's data
 

@@ -15,6 +15,7 @@ TITLE = "webdataset"
 PACKAGE = "webdataset"
 VENV = "peers"
 READS = "HTTP: one GET per shard (curl)"
+KEEPS = False  # every epoch from the store
 WRITER = "webdataset.ShardWriter (tar)"
 
 

@@ -16,6 +16,7 @@ TITLE = "wids"
 PACKAGE = "wids"
 VENV = "peers"
 READS = "HTTP: shards downloaded whole to a local cache (curl), then read by index"
+KEEPS = True  # a local copy read again in epoch 2
 WRITER = "webdataset.ShardWriter (tar) + index"
 
 

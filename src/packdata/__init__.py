@@ -6,6 +6,7 @@ the layers listed before it (``tests/test_architecture.py`` holds the package to
 Bytes and processes
 - ``atomic``      — files and folders that appear under their name only once complete
 - ``perprocess``  — state of one process: file handles, connections, a function in a pool's workers
+- ``readahead``   — the next shards fetched by a background thread while this one is read
 - ``engines``     — an executor on this machine's processes or on a Dask cluster, one interface
 - ``torchrunenv`` — one rank's torchrun variables for a block: this process and its new workers
 - ``childserver`` — a server in a process of its own, started by a command, stopped by a line

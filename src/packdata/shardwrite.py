@@ -159,6 +159,7 @@ def write_shards(
     maxsize=None,
     shuffle_seed=0,
     processes=1,
+    executor=None,
     payload="jpeg",
     resize=None,
     progress=True,
@@ -169,7 +170,9 @@ def write_shards(
 
     Samples are shuffled with ``shuffle_seed`` before sharding (``None`` keeps key order), so every
     shard holds a mix of classes. ``processes > 1`` reads and encodes in that many processes; the
-    output is the same bytes.
+    output is the same bytes. ``executor``: a process pool you started (``ProcessPoolExecutor``) to
+    encode in instead of a new one, so that its processes start once for several calls;
+    ``processes`` then says how many it has (the work goes out in a few chunks per process).
     """
     suffix = checked_suffix(payload, resize)[1:]
     samples = sample_source(source, payload, resize)
@@ -179,7 +182,11 @@ def write_shards(
     chunk = max(
         1, min(64, len(order) // (4 * processes))
     )  # a few chunks per process, even when few
-    encoded = map_in_processes(samples, order, processes, chunksize=chunk)
+    encoded = (
+        map_in_processes(samples, order, processes, chunksize=chunk)
+        if executor is None
+        else executor.map(samples, order, chunksize=chunk)
+    )
     with closing(encoded), ShardWriter(out_dir, prefix, maxcount, maxsize) as writer:
         for key, label, data in tqdm(
             encoded, total=len(order), desc=f"{prefix} shards", unit="img", disable=not progress

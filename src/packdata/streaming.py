@@ -31,9 +31,11 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from .compression import CompressionError
 from .fields import decode_field, image_field
+from .httpclient import is_url
 from .images import IMAGE_FIELDS, check_decoder
 from .layout import ShardError, expand_shards, group_samples, is_meta, raise_now
 from .plaingroup import plain_tuples
+from .readahead import ReadAhead
 from .resume import (
     WHOLE,
     Layout,
@@ -304,6 +306,9 @@ class ShardDataset(IterableDataset):
     - ``cache``: a ``shardcache.ShardCache``: every worker reads its shards through it (a local
       copy each, LRU-bounded, shared by the processes of the machine, the next ``cache.ahead``
       fetched while one is read); counting ``sizes`` goes through it too.
+    - ``read_ahead``: shards given as URLs and read without a cache are fetched this many ahead by
+      a thread of each worker, so that the next download overlaps this shard's decoding (memory:
+      that many more shards per worker; 0: one after the other). Local files need none.
     - ``splitter``/``buffer``: replace the ``split_shards`` and ``shuffle_buffer`` stages (used by
       the exercises).
     - ``state_dict()``/``load_state_dict()``: resume mid-epoch, with ``StatefulDataLoader`` or by
@@ -329,6 +334,7 @@ class ShardDataset(IterableDataset):
         equalize=False,
         sizes=None,
         cache=None,
+        read_ahead=1,
         splitter=split_shards,
         buffer=shuffle_buffer,
     ):
@@ -376,7 +382,7 @@ class ShardDataset(IterableDataset):
             batch_size,
         )
         self.errors, self.equalize, self.splitter, self.buffer = errors, equalize, splitter, buffer
-        self.cache = cache
+        self.cache, self.read_ahead = cache, read_ahead
         self._sizes = None if sizes is None else dict(zip(self.shards, sizes))
         if equalize:
             self.sizes()  # counted once here, not again in every worker
@@ -500,8 +506,13 @@ class ShardDataset(IterableDataset):
         return read_shard(shard) if self.cache is None else self.cache.read(shard)
 
     def _reads(self, shards):
-        """What reads ``shards`` in turn: ``read_shard``, or the cache with its downloads ahead."""
-        return read_shard if self.cache is None else self.cache.reads(shards)
+        """What reads ``shards`` in turn: the cache, with its downloads ahead; a ``ReadAhead`` of
+        URLs; ``read_shard`` for local files (the page cache has them)."""
+        if self.cache is not None:
+            return self.cache.reads(shards)
+        if self.read_ahead > 0 and any(map(is_url, shards)):
+            return ReadAhead(shards, read_shard, self.read_ahead)
+        return read_shard
 
     def shuffled(self, samples, epoch, rest, layout):
         """``samples`` through the shuffle buffer of the worker at ``layout`` in epoch ``epoch``
