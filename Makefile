@@ -66,11 +66,11 @@ test: export PACKDATA_SIZE := small
 # or by spawn, as on macOS, in the lessons tests/test_lessons.py names (the forkserver preloads torch)
 test: export PYTHONSTARTUP := $(abspath tests/start_method.py)
 # the lessons run once, in tests/test_lessons.py, which keeps their executed decks for the browser test;
-# two pytest-xdist workers: one runs the lessons and their decks' test, the other every other file
-# (a notebook's cells stay together in one worker): half the time of one, on 2 cores
+# two pytest-xdist workers: one runs the lessons, their decks' test and the Slurm test, the other
+# every other file, a file at a time (tests/conftest.py)
 TEST_WORKERS ?= 2
 test: setup data notebooks exercises-check check-install lint  ## set everything up and run every test (unit tests and notebooks)
-	@$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup \
+	@$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
 		tests solutions exercises --nbval-lax --ignore=tests/install
 
 check-install: setup  ## the pins agree in requirements.txt, environment.yml and .venv; `pip install .` works

@@ -7,12 +7,33 @@ import pytest
 
 from packdata import synthetic
 
+# Run in one pytest-xdist worker, in this order, before anything else (make test runs two): the
+# lessons, then the browser test of the decks they leave, and the Slurm test, which must not run
+# beside lesson 8's cluster (two one-node clusters on a host would give both jobs id 1, and with it
+# the same rendezvous port and scratch folder). Every other file goes whole to one worker or the
+# other, so that a notebook's cells share their kernel.
+TOGETHER = ("tests/test_lessons.py", "tests/test_slides.py", "tests/test_slurm.py")
+
+
+def file_of(nodeid):
+    return nodeid.split("::", 1)[0]
+
 
 def pytest_collection_modifyitems(items):
-    """The lessons and the browser test of their decks first (``xdist_group("lessons")``): they
-    are the longest chain, and under ``make test``'s two pytest-xdist workers one worker runs them
-    in turn while the other takes every other test."""
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    items.sort(key=lambda item: file_of(item.nodeid) not in TOGETHER)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Work goes out a file at a time, in collection order, the files of ``TOGETHER`` as one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            file = file_of(nodeid)
+            return "lessons" if file in TOGETHER else file
+
+    config.option.loadscopereorder = False  # keep the order above
+    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,6 @@ from packdata.course.slides import build_slides
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
 SPAWNED = "*" if os.environ.get("PACKDATA_SPAWN_LESSONS") == "all" else "0[45]"
-# one pytest-xdist worker runs the lessons, then the browser test of their decks (conftest.py)
-pytestmark = pytest.mark.xdist_group("lessons")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[path.stem for path in LESSONS])

@@ -54,8 +54,6 @@ PAGE_SITE = "http://127.0.0.1"
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 LOCAL_SCHEMES = {"file", "data", "blob"}
 SCREEN = (1280, 720)
-# after the lessons, in their pytest-xdist worker: the fit test measures the decks they leave
-pytestmark = pytest.mark.xdist_group("lessons")
 MIN_TEXT_PX = 14
 
 FIXTURE = """\
