@@ -66,8 +66,7 @@ test: export PACKDATA_SIZE := small
 # or by spawn, as on macOS, in the lessons tests/test_lessons.py names (the forkserver preloads torch)
 test: export PYTHONSTARTUP := $(abspath tests/start_method.py)
 # the lessons run once, in tests/test_lessons.py, which keeps their executed decks for the browser test;
-# two pytest-xdist workers: one runs the lessons, their decks' test and the Slurm test, the other
-# every other file, a file at a time (tests/conftest.py)
+# two pytest-xdist workers share the work, a file or a set of lessons at a time (tests/conftest.py)
 TEST_WORKERS ?= 2
 test: setup data notebooks exercises-check check-install lint  ## set everything up and run every test (unit tests and notebooks)
 	@$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \

@@ -1,39 +1,53 @@
 """Fixtures shared by the whole test suite."""
 
 import io
+import re
 import tarfile
 
 import pytest
 
 from packdata import synthetic
 
-# Run in one pytest-xdist worker, in this order, before anything else (make test runs two): the
-# lessons, then the browser test of the decks they leave, and the Slurm test, which must not run
-# beside lesson 8's cluster (two one-node clusters on a host would give both jobs id 1, and with it
-# the same rendezvous port and scratch folder). Every other file goes whole to one worker or the
-# other, so that a notebook's cells share their kernel.
-TOGETHER = ("tests/test_lessons.py", "tests/test_slides.py", "tests/test_slurm.py")
+# make test runs pytest in two pytest-xdist workers. Work goes out a scope at a time: a file (so
+# that a notebook's cells share their kernel), or a set of lessons with the browser tests of their
+# decks, which measure the decks the lessons leave (so each lesson runs first, in that worker).
+# Lessons that write the same files form one set, run one after the other; the Slurm test joins
+# lesson 8, which starts a cluster too (two one-node clusters on one host would both number their
+# first job 1, and so share its rendezvous port and scratch folder). The lessons go out first.
+LESSON_FILES = ("tests/test_lessons.py", "tests/test_slides.py", "tests/test_slurm.py")
+LESSON_SETS = ("04 05", "00 01 02 03", "08", "06", "07")
+LESSON = re.compile(r"\[(\d\d)_")
 
 
-def file_of(nodeid):
-    return nodeid.split("::", 1)[0]
+def scope_of(nodeid):
+    """The unit of work ``nodeid`` goes out in: its file, or its set of lessons."""
+    file = nodeid.split("::", 1)[0]
+    if file == "tests/test_slurm.py":
+        return "lessons 08"
+    found = LESSON.search(nodeid) if file in LESSON_FILES else None
+    number = found and found[1]
+    return next((f"lessons {s}" for s in LESSON_SETS if number in s.split()), file)
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: file_of(item.nodeid) not in TOGETHER)
+    def first(item):
+        scope = scope_of(item.nodeid)
+        sets = [f"lessons {s}" for s in LESSON_SETS]
+        return sets.index(scope) if scope in sets else len(sets)
+
+    items.sort(key=first)
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Work goes out a file at a time, in collection order, the files of ``TOGETHER`` as one."""
+    """The scheduler of the scopes above, in collection order."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ByFile(LoadScopeScheduling):
+    class ByScope(LoadScopeScheduling):
         def _split_scope(self, nodeid):
-            file = file_of(nodeid)
-            return "lessons" if file in TOGETHER else file
+            return scope_of(nodeid)
 
     config.option.loadscopereorder = False  # keep the order above
-    return ByFile(config, log)
+    return ByScope(config, log)
 
 
 @pytest.fixture(scope="session")

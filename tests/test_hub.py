@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,18 +30,26 @@ def test_lab_settings_open_markdown_as_notebooks_and_keep_other_settings(tmp_pat
 
 
 def test_post_build_generates_the_dataset_and_lab_settings(tmp_path):
+    # in a copy of the course: jupytext, writing the .ipynb pairs, also touches the .md sources
+    # (which the lessons' tests, running beside this one, compare with their decks)
+    course = tmp_path / "course"
+    for folder in ("notebooks", "solutions", "exercises"):
+        shutil.copytree(ROOT / folder, course / folder, ignore=shutil.ignore_patterns("*.ipynb"))
+    shutil.copy(ROOT / "postBuild", course)
     bin_dir = Path(sys.executable).parent
     env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "PACKDATA_DATA_DIR": str(tmp_path),
+        "PACKDATA_DATA_DIR": str(tmp_path / "data"),
         "PACKDATA_SIZE": "small",
     }
-    subprocess.run([str(ROOT / "postBuild")], env=env, check=True, capture_output=True, timeout=300)
-    assert (tmp_path / "synthetic-small" / "manifest.json").exists()
+    subprocess.run(
+        [str(course / "postBuild")], env=env, check=True, capture_output=True, timeout=300
+    )
+    assert (tmp_path / "data" / "synthetic-small" / "manifest.json").exists()
     settings = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
     assert "Jupytext Notebook" in settings.read_text()
-    assert (ROOT / "notebooks" / "00_welcome.ipynb").exists()
+    assert (course / "notebooks" / "00_welcome.ipynb").exists()
 
 
 LESSON = """\

@@ -8,7 +8,9 @@ with PACKDATA_REQUIRE_SLURM=1 (as in .ci/run) those are failures instead.
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,14 +73,24 @@ def test_a_daemon_that_cannot_start_is_named_with_its_log(slurm, tmp_path):
     assert not other.running()  # its munged was stopped again
 
 
-def test_the_job_script_trains_on_every_rank_with_equal_steps(slurm, shards, tmp_path):
+@pytest.fixture
+def scratch():
+    """The job's ``TMPDIR``, on a short path: multiprocessing puts its sockets there, and a
+    DataLoader worker that hands a batch over fails with "AF_UNIX path too long" past 107 bytes
+    (pytest's own temporary folders, under pytest-xdist, come close)."""
+    folder = Path(tempfile.mkdtemp(prefix="slurm-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_job_script_trains_on_every_rank_with_equal_steps(slurm, shards, scratch, tmp_path):
     reports = tmp_path / "reports"
     env = slurm.environment(
         SHARDS=str(Path(shards[0]).parent / "train-{000000..000008}.tar"),
         TEST=shards[9],
         TRAIN_ARGS=f"--epochs 2 --batch-size 16 --buffer 50 --report {reports}",
         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-        TMPDIR=str(tmp_path / "scratch"),
+        TMPDIR=str(scratch),
     )
     started = time.perf_counter()
     job = slurm.submit(SCRIPT, f"--output={tmp_path}/%j.out", env=env, cwd=ROOT)
@@ -90,7 +102,7 @@ def test_the_job_script_trains_on_every_rank_with_equal_steps(slurm, shards, tmp
 
     # staged once on the node, then its scratch emptied
     assert len(re.findall(r"9 shards .* in .*/packdata-" + str(job), log)) == 1, log
-    assert not (tmp_path / "scratch" / f"packdata-{job}").exists()
+    assert not (scratch / f"packdata-{job}").exists()
     # every rank's lines, each epoch the same number of steps on both ranks
     steps = {}  # {epoch: {rank: steps}}
     for rank, epoch, count in re.findall(r"^0: rank (\d): epoch (\d): (\d+) steps", log, re.M):

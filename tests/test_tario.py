@@ -12,7 +12,7 @@ from packdata import tarindex
 from packdata.datasets import IndexedTarDataset
 from packdata.packing import pack_tar
 from packdata.tarindex import StaleIndexError, build_index, index_members, index_path, load_index
-from packdata.tario import BLOCK, TarFormatError, iter_members, parse_header
+from packdata.tario import BLOCK, TarFormatError, iter_members, parse_header, stream_members
 from packdata.tarscan import iter_buffer, scan_buffer
 
 LONG_NAME = "deep/" * 30 + "sample.jpg"  # 160 characters: more than ustar's 100-byte name field
@@ -127,6 +127,19 @@ def test_members_come_with_their_data_also_from_a_stream(tmp_path, write_tar):
     path = Path(write_tar(tmp_path / "t.tar", named_members(), tarfile.PAX_FORMAT))
     assert list(iter_buffer(path.read_bytes())) == as_tarfile_reads_it(path)
     assert as_we_see_it(Stream(path.read_bytes()), name="stream") == as_tarfile_sees_it(path)
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_stream_members_hands_out_each_regular_files_data_as_tarfile_reads_it(
+    tmp_path, seekable, write_tar
+):
+    path = Path(write_tar(tmp_path / "t.tar", named_members(), tarfile.PAX_FORMAT))
+    fileobj = path.open("rb") if seekable else Stream(path.read_bytes())
+    with fileobj:
+        found = [(h.name, data) for h, data in stream_members(fileobj, "t.tar") if h.is_file]
+    with tarfile.open(path) as tar:
+        expected = [(i.name, tar.extractfile(i).read()) for i in tar.getmembers() if i.isfile()]
+    assert found == expected
 
 
 def test_a_webdataset_shard_is_read_like_tarfile_reads_it(tmp_path):

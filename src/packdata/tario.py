@@ -2,9 +2,10 @@
 
 A tar is a sequence of members, each a 512-byte header block followed by its data padded to whole
 blocks, and ends with two zero blocks. ``parse_header`` decodes one header; ``iter_members`` walks
-an archive (jumping over the data when the file can seek); ``tar_member`` writes one member the way
-every writer of the course does, with every field that could vary fixed. ``tarindex`` builds a
-member index on ``iter_members``; ``tarscan`` reads a whole shard in memory with numpy.
+an archive (jumping over the data when the file can seek), ``stream_members`` reads one front to
+back with its data; ``tar_member`` writes one member the way every writer of the course does, with
+every field that could vary fixed. ``tarindex`` builds a member index on ``iter_members``;
+``tarscan`` reads a whole shard in memory with numpy.
 
     for header, data_offset in iter_members(open("train.tar", "rb")):
         print(header.name, header.size, data_offset)
@@ -277,8 +278,23 @@ def iter_members(fileobj, name=None):
     Every member must have a size of at least zero and end inside the file; otherwise
     ``TarFormatError`` names the archive and the member. An archive that ends right after a member,
     without its zero blocks, is read to there with a warning, as tar reads it."""
+    for header, _ in _walk(fileobj, name, keep_data=False):
+        yield header, header.data_offset
+
+
+def stream_members(fileobj, name=None):
+    """Yield ``(header, data)`` for every member of the tar in ``fileobj``, read front to back: a
+    pipe, a socket, an HTTP response or a slice of a file will do (``fileobj.read`` is all it
+    needs). Every header's checksum is checked, and problems raise as in ``iter_members`` (where
+    Python's ``tarfile`` in stream mode takes a bad header after the first for the end)."""
+    return _walk(fileobj, name, keep_data=True)
+
+
+def _walk(fileobj, name, keep_data):
+    """``(header, data)`` of every member; ``data`` is None for a file member of a file that can
+    seek, unless ``keep_data``."""
     archive = name or getattr(fileobj, "name", "<tar>")
-    seekable = fileobj.seekable()
+    seekable = getattr(fileobj, "seekable", lambda: False)()
     position = fileobj.tell() if seekable else 0
     end = fileobj.seek(0, os.SEEK_END) if seekable else None
     overrides, previous = {}, None
@@ -311,7 +327,7 @@ def iter_members(fileobj, name=None):
         is_meta = header.typeflag in EXTENSION_TYPES or header.typeflag == GLOBAL_PAX_TYPE
         data = (
             _read_exactly(fileobj, header.size, archive, member)
-            if is_meta or not seekable
+            if is_meta or keep_data or not seekable
             else None
         )
         position = header.data_offset + header.size + -header.size % BLOCK
@@ -321,7 +337,7 @@ def iter_members(fileobj, name=None):
             overrides = {**overrides, **pax_overrides(header, data, archive)}
         elif not is_meta:
             overrides, previous = {}, header.name
-            yield header, header.data_offset
+            yield header, data
 
 
 # --- writing --------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@
 each holding that class's ``n01440764_10026.JPEG``, …; a class's label is its id's place among
 the sorted ids. Extracting it makes 1.28 million small files; this module never does. It lists the
 outer tar's headers (jumping over the data), then streams each inner tar front to back
-(``stream_members``), from a local file or with one Range GET from an ``http://`` store, straight
-into ``twopass``'s buckets.
+(``tario.stream_members``), from a local file or with one Range GET from an ``http://`` store,
+straight into ``twopass``'s buckets.
 
     outer = make_tar_of_tars("data/photos-workshop", "data/archives/photos-train.tar")
     result = tar_of_tars_to_shards(outer, "data/shards-from-tars", buckets=8, maxcount=100)
@@ -18,25 +18,13 @@ tar, the inner tar and the member.
 import re
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import written_atomically
 from .httpclient import HttpRangeFile, is_url
 from .imagefolder import load_manifest
-from .tario import (
-    BLOCK,
-    END_OF_TAR,
-    EXTENSION_TYPES,
-    GLOBAL_PAX_TYPE,
-    TarFormatError,
-    iter_members,
-    negative_size_error,
-    parse_header,
-    pax_overrides,
-    tar_member,
-    truncated_error,
-)
+from .tario import END_OF_TAR, TarFormatError, iter_members, stream_members, tar_member
 from .twopass import two_pass_shuffle
 
 FIRST_WNID = 1440764  # ImageNet's first class, n01440764 (tench)
@@ -148,44 +136,6 @@ class InnerTar:
                     )
                 else:
                     yield stem, {"jpg": data, "cls": str(self.label).encode("ascii")}
-
-
-def _read_block(stream, count, archive, what):
-    """Exactly ``count`` bytes of ``stream``, or ``TarFormatError`` saying what was cut short."""
-    data = stream.read(count)
-    while len(data) < count and (more := stream.read(count - len(data))):
-        data += more
-    if len(data) < count:
-        raise truncated_error(archive, what, count, len(data))
-    return data
-
-
-def stream_members(stream, archive):
-    """``(header, data)`` of each member of the tar read front to back from ``stream``, extension
-    headers (pax, GNU long names) applied. Every header's checksum is checked: a corrupt or
-    truncated tar raises ``TarFormatError`` naming ``archive`` and the offset or member (Python's
-    ``tarfile`` in stream mode takes a bad header after the first for the end of the archive)."""
-    offset, overrides = 0, {}
-    while True:
-        block = stream.read(BLOCK)
-        if not block and offset and not overrides:
-            return  # no end-of-archive blocks: read to here, as tar does
-        block += _read_block(stream, BLOCK - len(block), archive, f"the header at {offset}")
-        header = parse_header(block, archive, offset)
-        if header is None:
-            return
-        header = replace(header, **overrides)
-        member = f"member {header.name!r} at offset {offset}"
-        if header.size < 0:
-            raise negative_size_error(archive, member, header.size)
-        data = _read_block(stream, header.size, archive, member)
-        _read_block(stream, -header.size % BLOCK, archive, f"the padding of {member}")
-        offset += BLOCK + header.size + -header.size % BLOCK
-        if header.typeflag in EXTENSION_TYPES:
-            overrides = {**overrides, **pax_overrides(header, data, archive)}
-        elif header.typeflag != GLOBAL_PAX_TYPE:
-            overrides = {}
-            yield header, data
 
 
 def inner_tars(outer):
