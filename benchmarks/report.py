@@ -617,10 +617,11 @@ def judge_targets(photo_results, judged):
 
 def verdict(ratio, missed="MISSED"):
     """A target's verdict in words; a missed one that the run's own bound puts out of reach says
-    so."""
+    so (when the measured ratio is within that bound: one above it shows the bound was none)."""
     if ratio["met"] is not False:
         return {True: "met", None: "not judged"}[ratio["met"]]
-    if ratio["bound"] is None or ratio["bound"] >= ratio["target"]:
+    bound = ratio["bound"]
+    if bound is None or bound >= ratio["target"] or ratio["value"] > bound:
         return missed
     return (
         f"{missed}: out of reach here: {ratio['bound_what']} itself is "

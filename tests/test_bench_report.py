@@ -1,6 +1,8 @@
 """`make bench` keeps working: its quick mode runs every loader of the course on the photos and the
-shapes, writes the report, and says that it judges nothing."""
+shapes, writes the report, and says that it judges nothing; a missed target blames its bound only
+when the bound holds."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -41,3 +43,16 @@ def test_quick_benchmark_writes_report_and_judges_nothing(tmp_path):
     assert all(item["what"] in report for item in results["ratios"] + results["ceilings"])
     assert "What each sample costs beyond its bytes (shapes" in report
     assert (tmp_path / "loaders.png").stat().st_size > 10_000
+
+
+def test_a_miss_is_out_of_reach_only_when_the_bound_holds_the_measurement():
+    spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    missed = {"met": False, "target": 20.0, "format": "{:.1f}×", "bound_what": "local files"}
+    assert report.verdict({**missed, "value": 3.5, "bound": 4.0}) == (
+        "MISSED: out of reach here: local files itself is 4.0×"
+    )
+    assert report.verdict({**missed, "value": 4.6, "bound": 4.0}) == "MISSED"  # no bound, then
+    assert report.verdict({**missed, "value": 3.5, "bound": None}) == "MISSED"
+    assert report.verdict({**missed, "met": True, "value": 25.0, "bound": 4.0}) == "met"
