@@ -1,5 +1,6 @@
 """Build offline reveal.js decks from the jupytext lessons in ``notebooks/``."""
 
+import fcntl
 import re
 import shutil
 import subprocess
@@ -9,6 +10,8 @@ from pathlib import Path
 import jupytext
 from nbclient import NotebookClient
 from nbconvert import SlidesExporter
+
+from packdata.shardcache import flocked
 
 NPM_PACKAGES = ["reveal.js@4.0.2", "jquery@2.2.4", "requirejs@2.1.10", "mathjax@2.7.7"]
 
@@ -148,6 +151,16 @@ def vendor_assets(vendor_dir, npm_prefix):
             file=sys.stderr,
         )
         return False
+    # decks built side by side (make test's xdist workers) install and copy one at a time: two
+    # npm installs into one prefix fail with ENOTEMPTY
+    npm_prefix.mkdir(parents=True, exist_ok=True)
+    with flocked(npm_prefix / ".vendor.lock", fcntl.LOCK_EX):
+        install_and_copy(vendor_dir, npm_prefix)
+    return True
+
+
+def install_and_copy(vendor_dir, npm_prefix):
+    """npm-install NPM_PACKAGES into ``npm_prefix`` when missing; copy VENDOR_FILES from it."""
     modules = npm_prefix / "node_modules"
     if not all((modules / name / "package.json").exists() for name in VENDOR_FILES):
         cmd = [
@@ -173,7 +186,6 @@ def vendor_assets(vendor_dir, npm_prefix):
                 shutil.copy2(source, target)
             if target.suffix == ".css":
                 target.write_text(CSS_REMOTE_IMPORT.sub("", target.read_text()))
-    return True
 
 
 def check_offline(html, lesson):
