@@ -61,7 +61,7 @@ def _resumed_loader(data, loader, checkpoint, num_workers):
     return saved["epoch"], saved["step"]
 
 
-def train(shards, folder, num_workers, every=3, epochs=1, pause=0.02, batch_size=8, **stream):
+def train(shards, folder, num_workers, every=3, epochs=1, pause=0.005, batch_size=8, **stream):
     """Read ``epochs`` epochs of ``shards`` (``job_dataset(shards, **stream)``) in batches of
     ``batch_size`` (a ``pause`` stands for each step's compute), log every batch's keys to
     ``folder``, checkpoint every ``every`` steps."""
