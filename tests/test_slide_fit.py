@@ -1,4 +1,5 @@
-"""Every code cell that a slide shows fits on it: at most 90 columns and 20 lines.
+"""Every code cell that a slide shows fits on it: at most 90 columns and 20 lines; every deck has
+at most 20 slides.
 
 A cell is shown unless its ``slideshow`` ``slide_type`` is ``skip`` (``notes`` cells are Markdown
 and never code). The deck's CSS (``packdata.course.slides``) sizes code so that 90 columns and
@@ -9,6 +10,11 @@ Hidden set-up cells (``slide_type: skip``) are the place for print and plot boil
 learner should read stays visible and is wrapped to fit. A failure names the lesson, the code
 cell (counting code cells from 1, hidden ones included, as Jupyter shows them in order) with its
 first line, and the line.
+
+Slides are counted in the source: cells whose ``slide_type`` is ``slide`` or ``subslide``. A
+lesson over the limit merges two slides that make one idea, or moves a detail subslide to the
+notebook only (``skip``, its Markdown and its code, "in the notebook, not on the slides" in its
+heading).
 """
 
 from pathlib import Path
@@ -20,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
 MAX_COLUMNS = 90
 MAX_LINES = 20
+MAX_SLIDES = 20
 
 
 def visible_code_cells(lesson):
@@ -30,6 +37,14 @@ def visible_code_cells(lesson):
         for number, cell in enumerate(code, start=1)
         if cell.metadata.get("slideshow", {}).get("slide_type", "-") != "skip"
     ]
+
+
+def slide_count(lesson):
+    """Slides plus subslides that ``lesson``'s cells start."""
+    return sum(
+        cell.metadata.get("slideshow", {}).get("slide_type") in ("slide", "subslide")
+        for cell in jupytext.read(lesson).cells
+    )
 
 
 def misfits(lesson):
@@ -50,6 +65,12 @@ def misfits(lesson):
 def test_visible_code_fits_a_slide(lesson):
     problems = misfits(lesson)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[path.stem for path in LESSONS])
+def test_deck_has_at_most_20_slides(lesson):
+    count = slide_count(lesson)
+    assert count <= MAX_SLIDES, f"{lesson.name}: {count} slides > {MAX_SLIDES}"
 
 
 def test_finds_lessons():
