@@ -1,12 +1,13 @@
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from packdata.bench import (
     BenchResult,
     SampleCountError,
     benchmark,
+    epoch_rate,
     read_and_decode_us,
     results_table,
     too_short_to_judge,
@@ -124,6 +125,13 @@ def test_duplicates_from_unsharded_workers_fail_loudly():
 def test_a_dataset_without_length_is_refused():
     with pytest.raises(TypeError, match="no __len__"):
         benchmark(Unsized(), progress=False)
+
+
+def test_epoch_rate_times_epochs_of_the_same_loader_and_counts_them():
+    loader = DataLoader(Numbers(40), batch_size=8)
+    assert epoch_rate(loader) > 0 and epoch_rate(loader) > 0
+    with pytest.raises(SampleCountError, match="delivered 90 samples but len\\(dataset\\) is 100"):
+        epoch_rate(DataLoader(ShortStream(claimed=100, actual=90), batch_size=8))
 
 
 def test_dropped_samples_fail_loudly():

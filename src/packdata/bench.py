@@ -151,6 +151,19 @@ def count_samples(batch):
     return len(batch)
 
 
+def epoch_rate(loader):
+    """Samples/s of one epoch of ``loader``, every sample counted against ``len(loader.dataset)``.
+    Several calls on one loader with ``persistent_workers=True`` time the same workers."""
+    started = time.perf_counter()
+    seen = sum(count_samples(batch) for batch in loader)
+    seconds = time.perf_counter() - started
+    if seen != len(loader.dataset):
+        raise SampleCountError(
+            f"an epoch delivered {seen} samples but len(dataset) is {len(loader.dataset)}"
+        )
+    return seen / seconds
+
+
 def run_epoch(loader, bar):
     """One pass over ``loader``: ``(samples seen, seconds to first batch, seconds for the
     epoch)``."""
