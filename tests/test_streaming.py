@@ -419,17 +419,50 @@ def test_a_bad_checksum_is_caught_in_the_fast_path():
         tarscan.scan_buffer(bytes(archive), "t.tar")
 
 
-def test_a_header_lookalike_inside_a_member_takes_the_general_path():
-    lookalike = bytes(257) + b"ustar\x00" + bytes(300)  # the magic where a header would have it
+def lookalike_archive(small):
+    """A tar whose first member holds the ustar magic where a header would have it, then ``small``
+    one-byte members; and its ``(name, bytes)`` pairs."""
+    lookalike = bytes(257) + b"ustar\x00" + bytes(300)
+    members = [("a.bin", lookalike)] + [(f"{n}.bin", b"x") for n in range(small)]
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, payload in (("a.bin", lookalike), ("b.bin", b"x")):
+        for name, payload in members:
             info = tarfile.TarInfo(name)
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
-    archive = buffer.getvalue()
+    return buffer.getvalue(), members
+
+
+def test_a_header_lookalike_inside_a_member_takes_the_general_path():
+    archive, members = lookalike_archive(small=tarscan.WALK_SLACK + 2)  # small: the magic search
     assert tarscan.scan_plain(archive, "t.tar") is None
-    assert list(tarscan.iter_buffer(archive, "t.tar")) == [("a.bin", lookalike), ("b.bin", b"x")]
+    assert list(tarscan.iter_buffer(archive, "t.tar")) == members
+
+
+def test_walking_from_header_to_header_reads_past_a_lookalike():
+    archive, members = lookalike_archive(small=1)  # few members: walked
+    names, starts, sizes = tarscan.scan_plain(archive, "t.tar")
+    assert names.tolist() == [b"a.bin", b"0.bin"] and sizes.tolist() == [563, 1]
+    assert list(tarscan.iter_buffer(archive, "t.tar")) == members
+
+
+@pytest.mark.parametrize("payload", [1, 600, 70_000])  # bytes of each member
+def test_the_walk_and_the_magic_search_find_the_same_members(monkeypatch, payload):
+    names = [f"{n:06d}.{e}" for n in range(4) for e in ("jpg", "cls")]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for index, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            info.size = payload + index
+            tar.addfile(info, io.BytesIO(bytes([index]) * info.size))
+    archive = buffer.getvalue()
+    found = {}
+    for way, span, slack in (("walked", 1, 0), ("searched", 1, -1)):  # slack -1: never walks
+        monkeypatch.setattr(tarscan, "WALK_SPAN", span)
+        monkeypatch.setattr(tarscan, "WALK_SLACK", slack)
+        found[way] = [column.tolist() for column in tarscan.scan_plain(archive, "t.tar")]
+    assert found["walked"] == found["searched"]
+    assert found["walked"][0] == [name.encode() for name in names]
 
 
 def test_checksum_fields_in_other_spellings_are_read():

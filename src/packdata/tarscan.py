@@ -1,9 +1,15 @@
-"""A whole shard in memory, scanned with numpy: every header checked at once, no Python per member.
+"""A whole shard in memory, scanned with numpy: every header checked at once.
 
 A streaming reader holds a whole shard in memory anyway (one read or one GET), so it can find every
 header by walking sizes, then check all checksums, magics and type flags in a few array operations.
 ``scan_plain`` handles the layout every shard writer produces (plain ustar members); ``scan_buffer``
 falls back to ``tario``'s general walk for pax and GNU extensions.
+
+``scan_plain`` finds the headers one of two ways. Where members are small, it looks for the ustar
+magic in every block at once. That reads a word of every 512-byte block; on a shard of large
+members (photos: a header every 50 KB or so) those reads cost more than walking would, as each one
+misses the CPU's caches and the copies read the same memory again afterwards. There it follows each
+header's size to the next header instead: a Python step per member, and only the headers are read.
 """
 
 import numpy as np
@@ -27,10 +33,16 @@ from .tario import (
     truncated_error,
 )
 
+# members at least this far apart on average (header and data) are found by walking from header to
+# header, closer ones by the magic search (photos: about 50 KiB apart; the small shapes: about 1.5);
+# the walk lets a few more members come first (a sample's small members may lead)
+WALK_SPAN, WALK_SLACK = 16 * 1024, 4
+
 # bytes 256-263 of a header, read as one little-endian 64-bit word, hold the magic at 257-262
 _MAGIC_WORD = 256 // 8
 _MAGIC_MASK = np.uint64(0x00FFFFFFFFFFFF00)
 _MAGIC = np.uint64(int.from_bytes(b"\0" + USTAR_MAGIC + b"\0", "little"))
+_MAGIC_BYTES = np.frombuffer(USTAR_MAGIC, np.uint8)
 
 
 # the place values of an 11-digit octal field, as floats: exact below 2**53, and BLAS multiplies
@@ -131,14 +143,16 @@ def scan_plain(data, archive="<tar>"):
     names of at most 100 bytes, 11-digit octal sizes, a zero block after the last member. Returns
     ``(names as bytes, data offsets, sizes)``, numpy arrays.
 
-    Every block whose magic says "ustar" is a candidate header; the candidates must chain exactly
-    (each member's data ends where the next header starts), so a lookalike inside a member's data
-    sends the shard the slow way.
+    The headers are those ``_walked`` finds, or else every block whose magic says "ustar"; either
+    way they must chain exactly (each member's data ends where the next header starts), so a
+    lookalike inside a member's data sends a shard of small members the slow way.
     """
     if len(data) % BLOCK or len(data) < 2 * BLOCK:
         return None
-    words = np.frombuffer(data, "<u8").reshape(-1, BLOCK // 8)
-    candidates = np.flatnonzero((words[:, _MAGIC_WORD] & _MAGIC_MASK) == _MAGIC)
+    candidates = _walked(data)
+    if candidates is None:
+        words = np.frombuffer(data, "<u8").reshape(-1, BLOCK // 8)
+        candidates = np.flatnonzero((words[:, _MAGIC_WORD] & _MAGIC_MASK) == _MAGIC)
     if not candidates.size or candidates[0] != 0:
         return None
     blocks = np.frombuffer(data, np.uint8).reshape(-1, BLOCK)
@@ -146,7 +160,8 @@ def scan_plain(data, archive="<tar>"):
     digits = headers[:, 124:135] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
     flags = headers[:, 156]
     if (
-        (digits > 7).any()
+        (headers[:, 257:263] != _MAGIC_BYTES).any()
+        or (digits > 7).any()
         or headers[:, 345].any()
         or not ((flags == 0) | (flags == ord("0"))).all()
     ):
@@ -168,6 +183,25 @@ def scan_plain(data, archive="<tar>"):
         (candidates + 1) * BLOCK,
         sizes,
     )
+
+
+def _walked(data):
+    """The block numbers of the headers met by going from the first header to the next by its size,
+    up to a size field that is no number (the zero block at the end) or the end of ``data``, for
+    ``scan_plain`` to check. None as soon as the members met come closer together than
+    ``WALK_SPAN`` bytes on average, give or take ``WALK_SLACK``: the magic search is cheaper then
+    (a negative size, which sends the walk back, ends here too)."""
+    found, position, last = [], 0, len(data) - BLOCK
+    while position <= last:
+        if len(found) > position // WALK_SPAN + WALK_SLACK:
+            return None
+        try:
+            size = int(data[position + 124 : position + 135], 8)
+        except ValueError:
+            break
+        found.append(position)
+        position += BLOCK + size + -size % BLOCK
+    return np.array(found, dtype=np.int64) // BLOCK
 
 
 def scan_buffer(data, archive="<tar>"):
