@@ -45,14 +45,38 @@ def test_quick_benchmark_writes_report_and_judges_nothing(tmp_path):
     assert (tmp_path / "loaders.png").stat().st_size > 10_000
 
 
-def test_a_miss_is_out_of_reach_only_when_the_bound_holds_the_measurement():
+def load_report():
     spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
-    missed = {"met": False, "target": 20.0, "format": "{:.1f}×", "bound_what": "local files"}
+    return report
+
+
+def test_a_miss_is_out_of_reach_only_when_the_bound_holds_the_measurement():
+    report = load_report()
+    missed = {"met": False, "target": 20.0, "format": "{:.1f}×"}
+    missed["bound_reason"] = "local files itself is 4.0×"
     assert report.verdict({**missed, "value": 3.5, "bound": 4.0}) == (
         "MISSED: out of reach here: local files itself is 4.0×"
     )
     assert report.verdict({**missed, "value": 4.6, "bound": 4.0}) == "MISSED"  # no bound, then
     assert report.verdict({**missed, "value": 3.5, "bound": None}) == "MISSED"
     assert report.verdict({**missed, "met": True, "value": 25.0, "bound": 4.0}) == "met"
+
+
+def test_the_network_target_is_bounded_by_the_megabytes_the_loader_moves():
+    report = load_report()
+    results = report.Results(samples=1000, sample_bytes=100_000)  # 0.1 MB a sample
+    per_file, sharded, local = (f"network/{name}" for name in (report.PER_FILE, report.SHARDED,
+                                                               report.LOCAL))  # fmt: skip
+    results.rates = {per_file: [1000, 1000], sharded: [4600, 4600], local: [4000, 4000]}
+    bound, reason = report.network_reach(results, 20.0, "{:.1f}×")
+    assert bound == 4600 / 1000  # the most the loader moved, over per-file: here the store
+    assert reason == (
+        "20.0× needs 2,000 MB/s, and the loader moves 460 MB/s through the store, 400 MB/s from "
+        "the local shard files"
+    )
+    missed = {"met": False, "target": 20.0, "value": 4600 / 1000, "bound": bound}
+    assert (
+        report.verdict({**missed, "bound_reason": reason}) == f"MISSED: out of reach here: {reason}"
+    )
