@@ -58,3 +58,21 @@ def test_closing_early_cancels_what_is_queued():
     assert future.result() == 0
     time.sleep(0.05)
     assert started == [0]  # the queued reads of 1, 2, 3 never ran
+
+
+def test_closing_early_hands_back_what_was_read_ahead_and_never_taken():
+    read_last, handed_back = threading.Event(), []
+
+    def read(item):
+        if item == 2:
+            read_last.set()
+        return item * 10
+
+    fetched = fetched_ahead(read, range(3), ahead=2, unused=handed_back.append)
+    item, future = next(fetched)
+    assert read_last.wait(5)
+    fetched.close()
+    deadline = time.monotonic() + 5
+    while len(handed_back) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert future.result() == 0 and sorted(handed_back) == [10, 20]  # the taken one is the taker's

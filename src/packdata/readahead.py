@@ -12,13 +12,15 @@ i, for the memory of one more shard per worker:
 
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from itertools import islice
 
 
-def fetched_ahead(read, items, ahead):
+def fetched_ahead(read, items, ahead, unused=None):
     """``(item, future of read(item))`` for each of ``items`` in turn, with the next ``ahead``
     already submitted to one background thread. Closing the generator cancels the queued reads and
-    lets the running one finish on its own."""
+    lets the running one finish on its own; ``unused(result)``, when given, then gets the result of
+    every read made ahead that nobody will take (a cache's pin to release), as it finishes."""
     items, pending = iter(items), deque()
     pool = ThreadPoolExecutor(1, thread_name_prefix="read-ahead")
     try:
@@ -30,6 +32,14 @@ def fetched_ahead(read, items, ahead):
             yield pending.popleft()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        for _, future in pending if unused is not None else ():
+            future.add_done_callback(partial(_hand_back, unused))
+
+
+def _hand_back(unused, future):
+    """``unused(result)`` of a read that finished; a read cancelled or failed left nothing."""
+    if not future.cancelled() and future.exception() is None:
+        unused(future.result())
 
 
 class ReadAhead:

@@ -25,13 +25,12 @@ import fcntl
 import hashlib
 import os
 import urllib.parse
-from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
-from itertools import islice
+from collections import Counter
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 
 from .atomic import written_atomically
+from .readahead import fetched_ahead
 from .shardread import fetch_shard, read_shard
 
 HIT, MISS, WAITED, EVICTED = "hit", "miss", "waited", "evicted"
@@ -202,28 +201,20 @@ class ShardCache:
 
     def prefetched(self, urls, ahead=None):
         """``(url, local path)`` for each of ``urls`` in turn, as ``fetched``; a shard that cannot
-        be fetched comes as ``(url, the exception)``, and the next ones still do."""
+        be fetched comes as ``(url, the exception)``, and the next ones still do. The pins of shards
+        fetched ahead and never asked for are released when their fetch ends."""
         ahead = self.ahead if ahead is None else ahead
-        urls, pending = iter(urls), deque()
-        with ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch") as fetcher:
-            try:
-                while True:
-                    wanted = islice(urls, ahead + 1 - len(pending))
-                    pending.extend((url, fetcher.submit(self.pin, url)) for url in wanted)
-                    if not pending:
-                        return
-                    url, fetch = pending.popleft()
-                    try:
-                        pin = fetch.result()
-                    except Exception as error:  # handed to the reader, who names the shard
-                        yield url, error
-                        continue
-                    try:
-                        yield url, str(pin.path)
-                    finally:
-                        pin.release()
-            finally:
-                release_pending([fetch for _, fetch in pending])
+        with closing(fetched_ahead(self.pin, urls, ahead, unused=Pin.release)) as fetches:
+            for url, fetch in fetches:
+                try:
+                    pin = fetch.result()
+                except Exception as error:  # handed to the reader, who names the shard
+                    yield url, error
+                    continue
+                try:
+                    yield url, str(pin.path)
+                finally:
+                    pin.release()
 
     def reads(self, urls):
         """A ``PrefetchedReads`` of ``urls``: their bytes, asked for in this order, each shard
@@ -249,16 +240,6 @@ class PrefetchedReads:
 
     def close(self):
         self._prefetched.close()
-
-
-def release_pending(futures):
-    """Cancel the fetches not started yet, and release the pins of those that finished."""
-    for future in futures:
-        future.cancel()
-    for future in futures:
-        if not future.cancelled():
-            with suppress(Exception):  # a failed fetch pinned nothing
-                future.result().release()
 
 
 def hit_rate(events):
