@@ -121,9 +121,9 @@ def network_reach(photo_results, target, spec):
 # photos; at least None: measured in turn and reported, not a target (on photos both sides only
 # decode); bound: None, or ``bound(photo results, at least, format)`` -> ``(ratio, reason)``: the
 # most this ratio could be for any reader the run can measure, and why, so that a target above it
-# is out of reach here
+# is out of reach here. The two shares near their targets show a decimal: 79.5% is not "80%".
 TARGETS = [
-    ("our reader / bytes limit, no decode", "raw/ours", f"raw/{WHOLE}", 0.80, "{:.0%}", None),
+    ("our reader / bytes limit, no decode", "raw/ours", f"raw/{WHOLE}", 0.80, "{:.1%}", None),
     (
         "our reader / webdataset, no decode",
         "raw/ours",
@@ -137,7 +137,7 @@ TARGETS = [
         decoded_key(),
         f"decoded/{TWO_PROCESSES}",
         0.90,
-        "{:.0%}",
+        "{:.1%}",
         None,
     ),
     (
