@@ -104,12 +104,17 @@ def ratio_bound(top, bottom, name):
     return bound
 
 
+def network_rates(photo_results):
+    """``(per-file, sharded, local)`` photos/s of the network phase, and MB per photo."""
+    rates = (photo_results.median(f"network/{k}") for k in NETWORK_KEYS)
+    return *rates, photo_results.sample_bytes / 1e6
+
+
 def network_reach(photo_results, target, spec):
     """The network target's bound: the MB/s ``target`` times the per-file rate needs, against the
     most the loader moves in the run (through the store, or from the local shard files), as a
     ratio to per-file."""
-    per_file, sharded, local = (photo_results.median(f"network/{k}") for k in NETWORK_KEYS)
-    megabytes = photo_results.sample_bytes / 1e6
+    per_file, sharded, local, megabytes = network_rates(photo_results)
     return max(sharded, local) / per_file, (
         f"{spec.format(target)} needs {target * per_file * megabytes:,.0f} MB/s, and the loader "
         f"moves {sharded * megabytes:,.0f} MB/s through the store, {local * megabytes:,.0f} MB/s "
@@ -707,8 +712,7 @@ def page_cost(photo_results, fresh_page_us):
 
 def network_bound(photo_results):
     """What the network target asks of the store, against what it delivers to sharded reads."""
-    per_file, sharded, local = (photo_results.median(f"network/{k}") for k in NETWORK_KEYS)
-    megabytes = photo_results.sample_bytes / 1e6
+    per_file, sharded, local, megabytes = network_rates(photo_results)
     target = next(at_least for what, _, _, at_least, *_ in TARGETS if what == network_what())
     floor = NETWORK_WORKERS / NETWORK_LATENCY
     return {

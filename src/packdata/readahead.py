@@ -32,8 +32,9 @@ def fetched_ahead(read, items, ahead, unused=None):
             yield pending.popleft()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-        for _, future in pending if unused is not None else ():
-            future.add_done_callback(partial(_hand_back, unused))
+        if unused is not None:
+            for _, future in pending:
+                future.add_done_callback(partial(_hand_back, unused))
 
 
 def _hand_back(unused, future):
