@@ -8,12 +8,14 @@ which only the browser tests would mind).
 
 Start methods: `make test` points ``PYTHONSTARTUP`` at ``tests/start_method.py``, so every
 ``DataLoader``, ``WebLoader`` and ``Pool`` a lesson makes without a start method of its own starts
-its workers by ``forkserver`` (Linux from Python 3.14), or by ``spawn`` (macOS, Windows) in the
-lessons of ``SPAWNED``: the worker-handles lesson, the two streaming lessons, whose worker code
-learners copy, and the scale-out lesson. Both pickle what they send to a worker, so a lambda or a
-class defined in the notebook fails under either. Lessons 3 and 8 take no longer under ``spawn``;
-lessons 1, 6 and 7 start dozens of workers, each of which would import torch again (2 to 4 times
-their forkserver time). ``PACKDATA_SPAWN_LESSONS=all`` runs every lesson under ``spawn``.
+its workers by ``forkserver``, the default on Linux from Python 3.14. The lessons of
+``SPAWN_AGAIN`` then run once more with ``spawn``, the default on macOS and Windows: every lesson
+but the three whose measurements start dozens of workers (1, 6 and 7: each spawned worker imports
+torch again, 1.5 to 3 s of CPU, which would take `make test` past 15 minutes). Both methods pickle
+what they send to a worker, and a forkserver's workers start from a fresh interpreter too (the
+server is a new process, not a copy of the kernel), so a lambda or a class defined in the notebook
+fails under either; what forkserver adds is torch and torchvision imported before the fork.
+``PACKDATA_SPAWN_LESSONS=all`` runs every lesson again under ``spawn``.
 """
 
 import os
@@ -22,19 +24,30 @@ from pathlib import Path
 
 import pytest
 
+from packdata.course.schedule import run_seconds
 from packdata.course.slides import build_slides
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
-SPAWNED = "*" if os.environ.get("PACKDATA_SPAWN_LESSONS") == "all" else "0[3458]"
+SPAWN_AGAIN = "*" if os.environ.get("PACKDATA_SPAWN_LESSONS") == "all" else "0[023458]"
+AGAIN = [lesson for lesson in LESSONS if lesson.match(f"{SPAWN_AGAIN}_*.md")]
 
 
-@pytest.mark.parametrize("lesson", LESSONS, ids=[path.stem for path in LESSONS])
-def test_lesson_runs(lesson, tmp_path, monkeypatch):
-    if lesson.match(f"{SPAWNED}_*.md"):
-        monkeypatch.setenv("PACKDATA_START_METHOD", "spawn")
+def copied(lesson, tmp_path):
+    """``lesson`` copied alone into a fresh folder, where it runs."""
     folder = tmp_path / "notebooks"
     folder.mkdir()
     shutil.copy(lesson, folder / lesson.name)
-    (deck,) = build_slides(folder, ROOT / "build" / "slides", execute=True)
+    return folder
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[path.stem for path in LESSONS])
+def test_lesson_runs(lesson, tmp_path):
+    (deck,) = build_slides(copied(lesson, tmp_path), ROOT / "build" / "slides", execute=True)
     assert deck.stat().st_size > 0
+
+
+@pytest.mark.parametrize("lesson", AGAIN, ids=[path.stem for path in AGAIN])
+def test_lesson_runs_under_spawn(lesson, tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKDATA_START_METHOD", "spawn")
+    assert run_seconds(copied(lesson, tmp_path) / lesson.name) > 0
