@@ -28,6 +28,8 @@ from pathlib import Path
 
 import jupytext
 
+from packdata.course.slides import deck_slides, slide_type
+
 WORDS_PER_MINUTE = 100
 CODE_CELL_MINUTES = 1.5
 EXERCISE_MINUTES = 4
@@ -35,11 +37,6 @@ MINUTES_PER_SOLUTION_LINE = 0.5
 WORD = re.compile(r"[A-Za-z0-9][\w'’.-]*")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 CHECK_CALL = re.compile(r"^\w*checks\.check_\w+\(", re.MULTILINE)
-
-
-def slide_type(cell):
-    """The cell's reveal role: slide, subslide, fragment, skip, notes or ``-`` (continues)."""
-    return cell.metadata.get("slideshow", {}).get("slide_type", "-")
 
 
 def words(markdown):
@@ -51,11 +48,9 @@ def lesson_counts(path):
     """Counts for the lesson at ``path``: slides, slide and note words, code cells and lines."""
     cells = jupytext.read(path).cells
     visible = [cell for cell in cells if slide_type(cell) not in ("skip", "notes")]
-    starts = sum(slide_type(cell) in ("slide", "subslide") for cell in visible)
-    opens_one = bool(visible) and slide_type(visible[0]) not in ("slide", "subslide")
     code = [cell for cell in visible if cell.cell_type == "code"]
     return {
-        "slides": starts + opens_one,
+        "slides": deck_slides(cells),
         "slide words": sum(words(c.source) for c in visible if c.cell_type == "markdown"),
         "note words": sum(words(c.source) for c in cells if slide_type(c) == "notes"),
         "code cells": len(code),

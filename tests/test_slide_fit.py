@@ -11,7 +11,8 @@ learner should read stays visible and is wrapped to fit. A failure names the les
 cell (counting code cells from 1, hidden ones included, as Jupyter shows them in order) with its
 first line, and the line.
 
-Slides are counted in the source: cells whose ``slide_type`` is ``slide`` or ``subslide``. A
+Slides are counted in the source (``packdata.course.slides.deck_slides``, as the instructor guide's
+minutes count them): shown cells whose ``slide_type`` is ``slide`` or ``subslide``. A
 lesson over the limit merges two slides that make one idea, or moves a detail subslide to the
 notebook only (``skip``, its Markdown and its code, "in the notebook, not on the slides" in its
 heading).
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import jupytext
 import pytest
+
+from packdata.course.slides import deck_slides, slide_type
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
@@ -33,18 +36,8 @@ def visible_code_cells(lesson):
     """``(number, cell)`` of the code cells a slide shows; numbers count code cells from 1."""
     code = [cell for cell in jupytext.read(lesson).cells if cell.cell_type == "code"]
     return [
-        (number, cell)
-        for number, cell in enumerate(code, start=1)
-        if cell.metadata.get("slideshow", {}).get("slide_type", "-") != "skip"
+        (number, cell) for number, cell in enumerate(code, start=1) if slide_type(cell) != "skip"
     ]
-
-
-def slide_count(lesson):
-    """Slides plus subslides that ``lesson``'s cells start."""
-    return sum(
-        cell.metadata.get("slideshow", {}).get("slide_type") in ("slide", "subslide")
-        for cell in jupytext.read(lesson).cells
-    )
 
 
 def misfits(lesson):
@@ -69,7 +62,7 @@ def test_visible_code_fits_a_slide(lesson):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[path.stem for path in LESSONS])
 def test_deck_has_at_most_20_slides(lesson):
-    count = slide_count(lesson)
+    count = deck_slides(jupytext.read(lesson).cells)
     assert count <= MAX_SLIDES, f"{lesson.name}: {count} slides > {MAX_SLIDES}"
 
 

@@ -103,6 +103,20 @@ def fit_to_screen(html):
     return html.replace("Reveal.initialize({", f"Reveal.initialize({{\n  margin: {DECK_MARGIN},", 1)
 
 
+def slide_type(cell):
+    """A cell's reveal role: slide, subslide, fragment, skip, notes or ``-`` (continues)."""
+    return cell.metadata.get("slideshow", {}).get("slide_type", "-")
+
+
+def deck_slides(cells):
+    """How many slides the deck of a notebook with ``cells`` has: the cells it shows that start a
+    slide or subslide, plus the slide nbconvert opens at the first shown cell when that starts none.
+    """
+    shown = [cell for cell in cells if slide_type(cell) not in ("skip", "notes")]
+    starts = sum(slide_type(cell) in ("slide", "subslide") for cell in shown)
+    return starts + (bool(shown) and slide_type(shown[0]) not in ("slide", "subslide"))
+
+
 def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
     """Write one ``NN_topic.slides.html`` deck per ``NN_*.md`` lesson; return their paths."""
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
