@@ -1,9 +1,10 @@
 """What parallel workers could reach here: the same work in plain processes, in the same rounds.
 
 N DataLoader workers decode at most N times as fast as one process, and only when this program
-gets N cores. On Linux with autogroup (the default on desktops and many servers) a notebook kernel
-and all the processes it starts share one scheduling group: with a busy program in another
-session, they get about one core between them, however many workers there are. So "2 workers are
+gets N cores: in a container (a JupyterHub), its CPU quota decides; on Linux with autogroup (the
+default on desktops and many servers) a notebook kernel and all the processes it starts share one
+scheduling group, and with a busy program in another session they get about one core between them,
+however many workers there are. So "2 workers are
 faster than none" holds on a quiet machine and fails on a busy one, while what the lesson teaches
 still holds: the workers use what the cores allow.
 

@@ -195,9 +195,9 @@ class ZipDataset(EncodedImageDataset):
 
 class WorkerSafeZipDataset(ZipDataset):
     """``ZipDataset`` that DataLoader workers can use under every start method: ``zip_file`` is the
-    calling process's own ``ZipFile``, opened there on first use (``handles.PerProcessHandle``), so
-    a forked worker never reads through its parent's, and pickling (``spawn``, ``forkserver``)
-    carries only the path."""
+    calling process's own ``ZipFile``, opened there on first use
+    (``perprocess.PerProcessHandle``), so a forked worker never reads through its parent's, and
+    pickling (``spawn``, ``forkserver``) carries only the path."""
 
     def __init__(self, archive, transform=None, decoder="pil"):
         self.archive = str(archive)
@@ -249,7 +249,7 @@ class IndexedTarDataset(EncodedImageDataset):
     """The samples of a tar (``pack_tar``'s, or a webdataset shard; a path or an ``http://`` URL),
     read at random through its member index: one ``pread`` per sample on disk, one Range GET over
     HTTP. Safe with DataLoader workers under every start method: each process opens the tar itself
-    (``handles.PerProcessHandle``).
+    (``perprocess.PerProcessHandle``).
 
     A local tar's index is ``<tar>.idx.json``, rebuilt when stale (``tario.load_index``). Classes
     and labels come from the ``__manifest__`` member when there is one, else from each sample's
