@@ -50,4 +50,4 @@ def test_lesson_runs(lesson, tmp_path):
 @pytest.mark.parametrize("lesson", AGAIN, ids=[path.stem for path in AGAIN])
 def test_lesson_runs_under_spawn(lesson, tmp_path, monkeypatch):
     monkeypatch.setenv("PACKDATA_START_METHOD", "spawn")
-    assert run_seconds(copied(lesson, tmp_path) / lesson.name) > 0
+    run_seconds(copied(lesson, tmp_path) / lesson.name)  # a cell failing unexpectedly raises
