@@ -152,11 +152,22 @@ def wait_for_notebook(page, name):
     return kernel
 
 
-def press_save(page):
+def press_save(page, tries=4, timeout=15):
     """Ctrl+S, as a learner saves in JupyterLab; wait until the current tab no longer marks
-    unsaved changes (Lab marks a notebook changed once its kernel starts)."""
-    page.press("s", "KeyS", 83, modifiers=2)
-    page.wait_for(f"!document.querySelector('{CURRENT_TAB}.jp-mod-dirty')", "Ctrl+S did not save")
+    unsaved changes (Lab marks a notebook changed once its kernel starts). A learner whose save
+    shows no effect presses again: so does this, up to ``tries`` times, ``timeout`` s apart (on a
+    busy machine a key press can arrive while Lab is still busy with the cell that ran). The
+    failure names any dialog open on the page."""
+    saved = f"!document.querySelector('{CURRENT_TAB}.jp-mod-dirty')"
+    for _ in range(tries):
+        page.press("s", "KeyS", 83, modifiers=2)
+        try:
+            page.wait_for(saved, "Ctrl+S did not save", timeout)
+            return
+        except PageError:
+            continue
+    dialog = page.evaluate("document.querySelector('.jp-Dialog')?.innerText || 'none'")
+    raise PageError(f"Ctrl+S, pressed {tries} times, did not save (dialog open: {dialog})")
 
 
 def devtools_port(profile, process, timeout=30):

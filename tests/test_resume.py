@@ -168,6 +168,25 @@ def test_stateful_dataloader_resumes_the_same_order_exactly(urls, all_keys, num_
     assert_exactly_once([key for batch in before + after for key in batch], all_keys)
 
 
+def test_the_jobs_stream_resumes_exactly_in_spawned_workers(urls, all_keys):
+    # lesson 7 runs this loader; tests/test_lessons.py leaves lesson 7 out of its spawn run
+    def loader():
+        data = preemption.job_dataset(urls)
+        return StatefulDataLoader(
+            data, batch_size=4, num_workers=2, multiprocessing_context="spawn"
+        )
+
+    first = loader()
+    batches = iter(first)
+    before = [key for _ in range(5) for key in preemption.keys_of(next(batches))]
+    state = first.state_dict()
+    del batches, first
+    again = loader()
+    again.load_state_dict(state)
+    after = [key for batch in again for key in preemption.keys_of(batch)]
+    assert_exactly_once(before + after, all_keys)
+
+
 @pytest.mark.parametrize("num_workers, then", [(2, 1), (1, 3), (0, 2), (2, 0)])
 def test_stateful_dataloader_resumes_with_other_workers(urls, all_keys, num_workers, then):
     first = StatefulDataLoader(dataset(urls), batch_size=4, num_workers=num_workers)
