@@ -4,7 +4,7 @@
 cell: every ``DataLoader``, ``WebLoader`` and ``Pool`` a lesson makes without a
 ``multiprocessing_context`` of its own then starts its workers with ``$PACKDATA_START_METHOD``,
 ``forkserver`` unless set (the default on Linux from Python 3.14; 3.11 to 3.13 fork).
-tests/test_lessons.py runs every lesson but 7 once more with ``spawn``, the default on macOS and
+tests/test_lessons.py runs most lessons once more with ``spawn``, the default on macOS and
 Windows.
 
 The forkserver imports torch and torchvision once, before it forks the first worker: each worker

@@ -169,7 +169,7 @@ def test_stateful_dataloader_resumes_the_same_order_exactly(urls, all_keys, num_
 
 
 def test_the_jobs_stream_resumes_exactly_in_spawned_workers(urls, all_keys):
-    # lesson 7 runs this loader; tests/test_lessons.py leaves lesson 7 out of its spawn run
+    # lesson 7 runs this loader; tests/test_lessons.py runs lesson 7 under forkserver only
     def loader():
         data = preemption.job_dataset(urls)
         return StatefulDataLoader(
