@@ -79,8 +79,9 @@ def schedule_markdown(rows, data_bytes):
         f"All lessons together: **{lessons / 60:.1f} minutes** of computation; with the worked "
         "exercises, "
         f"**{total / 60:.1f} minutes**. "
-        f"Generated data on disk after the run: **{data_bytes / 1e6:.0f} MB** in "
-        f"`{shown_path(imagefolder.data_dir())}/`.",
+        f"On disk after the run: **{data_bytes / 1e6:.0f} MB** in "
+        f"`{shown_path(imagefolder.data_dir())}/`, with whatever earlier runs left there (another "
+        "dataset size, `make bench`'s files); one learner's data is measured below.",
     ]
     return "\n".join(lines)
 
