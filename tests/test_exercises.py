@@ -188,6 +188,14 @@ def pack_zip_right(
             z.writestr(stamp("labels.json"), json.dumps({s["key"]: s["label"] for s in samples}))
 
 
+def pack_labels_as_a_list(root, target):
+    samples = imagefolder.load_manifest(root)["samples"]
+    with zipfile.ZipFile(target, "w") as z:
+        for s in samples:
+            z.writestr(fixed_time(f"{s['key']}.jpg"), (Path(root) / s["path"]).read_bytes())
+        z.writestr(fixed_time("labels.json"), json.dumps([s["label"] for s in samples]))
+
+
 def fixed_time(name):
     return zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
 
@@ -468,6 +476,13 @@ def samples_per_shard_right(latency, bandwidth, mean_bytes, efficiency):
     return math.ceil(costmodel.size_for_efficiency(latency, bandwidth, efficiency) / mean_bytes)
 
 
+def test_a_numpy_integer_is_a_whole_number_of_samples(capsys):
+    checks.check_samples_per_shard(
+        lambda lat, bw, b, e: np.int64(samples_per_shard_right(lat, bw, b, e))
+    )
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def stage_or_stream_right(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
     if size > scratch:
         return "stream"
@@ -496,6 +511,17 @@ def stage_or_stream_swapped(*case):
 
 def stage_as_a_bool(*case):
     return stage_or_stream_right(*case) == "stage"
+
+
+def stage_on_a_tie(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    if size > scratch:
+        return "stream"
+    return "stage" if copy_s + epochs * local_epoch_s <= epochs * remote_epoch_s else "stream"
+
+
+def stream_when_it_just_fits(*case):
+    *_, scratch, size = case
+    return "stream" if size >= scratch else stage_or_stream_right(*case)
 
 
 def full_steps_right(samples_per_worker, batch_size):
@@ -805,9 +831,23 @@ class OpenedOnceWithoutPid(PerProcessZip):
         return self._handle
 
 
+class ReopenedWhenClosed(PerProcessZip):
+    def _get_file_handle(self):
+        if self._handle is None or self._handle.fp is None:
+            self._handle = zipfile.ZipFile(self.archive)
+        return self._handle
+
+
 class OpenedEveryCall(PerProcessZip):
     def _get_file_handle(self):
         return zipfile.ZipFile(self.archive)
+
+
+def test_a_handle_reopened_only_when_closed_is_named(tiny_dataset):
+    """The check closes the main process's handle before its audit: it must first see that a
+    worker forked while that handle is open gets it back."""
+    with pytest.raises(checks.CheckFailed, match="compare os.getpid"):
+        lesson3_case(checks.check_per_process_handle, ReopenedWhenClosed, tiny_dataset)
 
 
 def reopen_right(worker_id):
@@ -852,7 +892,7 @@ CASES.update(
         "check_per_process_handle": (
             lesson3_case,
             PerProcessZip,
-            [InheritedZip, OpenedOnceWithoutPid, OpenedEveryCall],
+            [InheritedZip, OpenedOnceWithoutPid, ReopenedWhenClosed, OpenedEveryCall],
         ),
         "check_worker_init_fn": (
             lesson3_case,
@@ -887,7 +927,25 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_tar_index", tar_index_with_padded_names, "strip the NUL padding"),
         ("check_tar_index", tar_index_with_bytes_names, "names are bytes"),
         ("check_workers_needed", lambda t, lat, s: int(t * (lat + s)) + 1, "one worker too many"),
+        (
+            "check_workers_needed",
+            lambda t, lat, s: float(costmodel.workers_needed(t, lat, s)),
+            "a whole number",
+        ),
+        (
+            "check_count_per_class",
+            lambda root: {
+                d.name: len(list(d.iterdir())) for d in Path(root).iterdir() if d.is_dir()
+            },
+            "count only the .jpg files",
+        ),
         ("check_workers_needed", lambda t, lat, s: int(t * (lat + s)), "round up, not down"),
+        ("check_pack_zip", pack_labels_as_a_list, "labels.json holds a list"),
+        (
+            "check_pack_zip",
+            lambda root, target: Path(target).write_bytes(b"images"),
+            "not a ZIP archive",
+        ),
         ("check_folder_dataset", SwappedPair, "the image first"),
         ("check_folder_dataset", TextLabels, "a str, not an int"),
         (
@@ -924,6 +982,13 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_stage_or_stream", stage_even_when_it_does_not_fit, "staging needs room"),
         ("check_stage_or_stream", stage_or_stream_swapped, "the other way round"),
         ("check_stage_or_stream", stage_as_a_bool, "return the string 'stage'"),
+        ("check_stage_or_stream", stage_on_a_tie, "on a tie, stream"),
+        ("check_stage_or_stream", stream_when_it_just_fits, "exactly as big as the free space"),
+        (
+            "check_samples_per_shard",
+            lambda lat, bw, b, e: int(costmodel.size_for_efficiency(lat, bw, e) / b) + 1,
+            "one too many",
+        ),
         ("check_common_full_steps", full_steps_of_the_largest_rank, "Take the fewest"),
         ("check_common_full_steps", full_steps_of_rank_0, "rank 0's own count"),
         ("check_common_full_steps", full_steps_pooled_per_rank, "worker by worker"),
@@ -964,16 +1029,20 @@ def stream_class(mistake=None):
             worker, workers = (info.id, info.num_workers) if info else (0, 1)
             epoch = 0 if mistake == "epoch ignored" else self.epoch
             rank_salt = self.rank if mistake == "rank in the shard seed" else ""
+            seed = 0 if mistake == "seed ignored" else self.seed
             order = list(self.shards)
-            random.Random(f"{self.seed}:{epoch}:{rank_salt}").shuffle(order)
+            random.Random(f"{seed}:{epoch}:{rank_salt}").shuffle(order)
             mine = order if mistake == "no rank split" else order[self.rank :: self.world_size]
+            if mistake == "ranks overlap":  # one shard too many for each rank
+                per = len(order) // self.world_size
+                mine = order[self.rank * per : (self.rank + 1) * per + 1]
             if mistake != "no worker split":
                 mine = mine[worker::workers]
             samples = (sample for shard in mine for sample in read_samples(shard))
             if mistake == "no buffer":
                 yield from samples
                 return
-            rng = random.Random(f"{self.seed}:{self.epoch}:{self.rank}:{worker}")
+            rng = random.Random(f"{seed}:{self.epoch}:{self.rank}:{worker}")
             buffer = []
             for sample in samples:
                 if len(buffer) < self.buffer_size:
@@ -1001,6 +1070,8 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("rank in the shard seed", "never the rank or the worker"),
         ("epoch ignored", "set_epoch"),
         ("no buffer", "shuffle buffer is not mixing"),
+        ("ranks overlap", "the ranks' parts overlap"),
+        ("seed ignored", "mix self.seed"),
     ],
 )
 def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):
@@ -1014,26 +1085,37 @@ def every_shard(urls):
     return urls
 
 
-def loader_maker(seed_from_epoch=True, splitter=wds.split_by_node, select=None):
+def split_when_made(shards):
+    """Rank $RANK's shards, read from the environment when the loader is made (a right answer)."""
+    return shards[int(os.environ["RANK"]) :: int(os.environ["WORLD_SIZE"])]
+
+
+def loader_maker(seed_from_epoch=True, splitter=wds.split_by_node, select=None, batch=4):
     def make_loader(shards, epoch):
+        if splitter is split_when_made:
+            shards = split_when_made(shards)
         dataset = wds.WebDataset(
             shards,
             shardshuffle=len(shards),
             seed=epoch if seed_from_epoch else 0,
-            nodesplitter=splitter,
+            nodesplitter=every_shard if splitter is split_when_made else splitter,
             empty_check=False,
             **({"select_files": select} if select else {}),
         )
-        dataset = dataset.to_tuple("__key__", "cls").batched(4)
+        dataset = dataset.to_tuple("__key__", "cls")
+        dataset = dataset.batched(batch) if batch else dataset
         return wds.WebLoader(dataset, batch_size=None, num_workers=2)
 
     return make_loader
 
 
-def test_a_right_webdataset_loader_passes(tiny_dataset, capsys):
-    checks.check_webdataset_loader(
-        loader_maker(select=methodcaller("endswith", ".cls")), tiny_shards(tiny_dataset)
-    )
+@pytest.mark.parametrize(
+    "maker",
+    [loader_maker(select=methodcaller("endswith", ".cls")), loader_maker(splitter=split_when_made)],
+    ids=["selects files", "splits by RANK when made"],
+)
+def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
+    checks.check_webdataset_loader(maker, tiny_shards(tiny_dataset))
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -1042,6 +1124,7 @@ def test_a_right_webdataset_loader_passes(tiny_dataset, capsys):
     [
         (loader_maker(splitter=wds.single_node_only), "nodesplitter=wds.split_by_node"),
         (loader_maker(splitter=every_shard), "both ranks read every shard"),
+        (loader_maker(batch=None), ".batched(32)"),
         (loader_maker(seed_from_epoch=False), "seed the shard shuffle from the epoch"),
         (loader_maker(select=lambda name: name.endswith(".cls")), "does not pickle"),
     ],

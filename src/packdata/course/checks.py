@@ -7,6 +7,7 @@ when it is not.
 
 import math
 import numbers
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -102,9 +103,33 @@ def check_count_per_class(count_per_class, root):
             f"folder holds {n}. "
             "Count only the .jpg files inside each class folder."
         )
+    _check_counts_skip_stray_files(count_per_class)
     passed(
-        f"{len(expected)} classes, {sum(expected.values())} images: your counts match the manifest."
+        f"{len(expected)} classes, {sum(expected.values())} images: your counts match the "
+        "manifest; stray files are left out."
     )
+
+
+def _check_counts_skip_stray_files(count_per_class):
+    """A dataset as found on a share: a note beside the images, and a thumbnail cache."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, images in {"cat": 3, "dog": 2}.items():
+            (Path(tmp) / name).mkdir()
+            for i in range(images):
+                (Path(tmp) / name / f"{name}_{i}.jpg").write_bytes(b"")
+        (Path(tmp) / "cat" / "notes.txt").write_text("collected 2026")
+        (Path(tmp) / "dog" / "Thumbs.db").write_bytes(b"")
+        (Path(tmp) / "manifest.json").write_text("{}")
+        got = count_per_class(tmp)
+    if dict(got) != {"cat": 3, "dog": 2}:
+        raise CheckFailed(
+            "In a folder with cat/ (3 JPEGs and notes.txt), dog/ (2 JPEGs and Thumbs.db) and "
+            f"manifest.json, you counted {dict(got)}, not {{'cat': 3, 'dog': 2}}: count only the "
+            ".jpg files of each class folder."
+        )
 
 
 def compare_with_reference(dataset, reference, source):
@@ -238,10 +263,11 @@ def check_workers_needed(workers_needed):
     for target, latency, seconds_per_sample in cases:
         got = workers_needed(target, latency, seconds_per_sample)
         expected = reference(target, latency, seconds_per_sample)
-        if got == expected:
+        whole = isinstance(got, numbers.Integral) and not isinstance(got, bool)
+        if got == expected and whole:
             continue
         call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
-        if not isinstance(got, int) or isinstance(got, bool):
+        if not whole:
             hint = (
                 "a number of workers is a whole number: round up with math.ceil and return an int."
             )
@@ -267,10 +293,28 @@ def check_workers_needed(workers_needed):
     passed("right number of workers in every case.")
 
 
+def _labels_of(text):
+    """The ``{key: label}`` dict of an archive's labels.json, or ``CheckFailed`` saying what it
+    holds instead."""
+    import json
+
+    try:
+        labels = json.loads(text)
+    except ValueError as error:
+        raise CheckFailed(
+            f"labels.json is not JSON ({error}): write json.dumps(labels) into it."
+        ) from None
+    if not isinstance(labels, dict):
+        raise CheckFailed(
+            f"labels.json holds a {type(labels).__name__}: write a dict {{key: label}}, so that "
+            "a reader finds a sample's label by its key."
+        )
+    return labels
+
+
 def check_pack_zip(pack_zip, root):
     """Lesson 2: ``pack_zip(root, archive)`` writes every JPEG uncompressed, with labels,
     deterministically."""
-    import json
     import tempfile
     import zipfile
     from pathlib import Path
@@ -284,13 +328,18 @@ def check_pack_zip(pack_zip, root):
                 f"pack_zip(root, archive) did not write {first.name}: write to the archive path it "
                 "is given."
             )
+        if not zipfile.is_zipfile(first):
+            raise CheckFailed(
+                f"pack_zip wrote {first.name}, but it is not a ZIP archive: write it with "
+                "zipfile.ZipFile(archive, 'w')."
+            )
         with zipfile.ZipFile(first) as archive:
             infos = {info.filename: info for info in archive.infolist()}
             if "labels.json" not in infos:
                 raise CheckFailed(
                     "The archive has no labels.json member: labels must travel inside the archive."
                 )
-            labels = json.loads(archive.read("labels.json"))
+            labels = _labels_of(archive.read("labels.json"))
             for sample in manifest["samples"]:
                 name = f"{sample['key']}.jpg"
                 if name not in infos:
@@ -403,6 +452,7 @@ def check_samples_per_shard(samples_per_shard):
         (0.02, 100e6, 2_100, 0.9),
         (0.05, 1e9, 110_000, 0.95),
         (1e-4, 500e6, 2_100, 0.5),
+        (0.01, 100e6, 1_000, 0.5),  # exactly 1,000 samples: nothing to round
     ]
     for latency, bandwidth, mean_bytes, efficiency in cases:
         expected = math.ceil(size_for_efficiency(latency, bandwidth, efficiency) / mean_bytes)
@@ -414,7 +464,7 @@ def check_samples_per_shard(samples_per_shard):
                 "gives "
                 "a float)."
             )
-        if not isinstance(got, int) or isinstance(got, bool):
+        if not isinstance(got, numbers.Integral) or isinstance(got, bool):
             raise CheckFailed(
                 f"{call} {mismatch(got, expected)}: a number of samples is a whole number (round "
                 "up)."
@@ -423,6 +473,11 @@ def check_samples_per_shard(samples_per_shard):
             raise CheckFailed(
                 f"{call} {mismatch(got, expected)}: one too few. Round up, or the shard falls "
                 f"short of {efficiency:.0%}."
+            )
+        if got == expected + 1:
+            raise CheckFailed(
+                f"{call} {mismatch(got, expected)}: one too many. When the size is already a "
+                "whole number of samples, math.ceil keeps it; int(x) + 1 does not."
             )
         if got != expected:
             raise CheckFailed(
@@ -457,6 +512,8 @@ def check_stage_or_stream(stage_or_stream):
         (100, 30, 10, 10, 1000 * gb, 100 * gb),  # pays back only over several epochs
         (20, 12, 11, 50, 2000 * gb, 1500 * gb),  # a small saving, many epochs, a big dataset
         (30, 10, 12, 100, 1000 * gb, 1 * gb),  # the remote store is faster than the disk
+        (60, 30, 10, 3, 1000 * gb, 100 * gb),  # 90 s each way: a tie streams
+        (60, 30, 10, 5, 100 * gb, 100 * gb),  # the dataset fills scratch exactly: it fits
     ]
     # (what a learner whose answers follow this rule in every case got wrong, the rule)
     mistakes = [
@@ -478,6 +535,16 @@ def check_stage_or_stream(stage_or_stream):
             "the copy is paid once, and the saving comes in every epoch: compare the whole job, "
             "all of its epochs, not one epoch.",
             lambda c, r, loc, e, scratch, size: _stage_or_stream(c, r, loc, 1, scratch, size),
+        ),
+        (
+            "on a tie, stream: staging then gains nothing, and streaming starts at once.",
+            lambda c, r, loc, e, scratch, size: _stage_or_stream(
+                c, r + 1e-9, loc, e, scratch, size
+            ),
+        ),
+        (
+            "a dataset exactly as big as the free space still fits: stream only when it is bigger.",
+            lambda c, r, loc, e, scratch, size: _stage_or_stream(c, r, loc, e, scratch - 1, size),
         ),
         (
             "fitting on scratch is not enough: staging must also save time, and it does not "
@@ -1332,7 +1399,7 @@ def check_shuffle_buffer(shuffle_buffer, shards):
     )
 
 
-def _keys_by_rank(stream_class, shards, epoch, world_size=2, num_workers=3):
+def _keys_by_rank(stream_class, shards, epoch, world_size=2, num_workers=3, seed=0):
     """The first field of every item that ``stream_class`` yields in ``epoch``, per rank, read
     by ``num_workers`` real, forked DataLoader workers (a class from a notebook reaches them so)."""
     import warnings
@@ -1341,7 +1408,7 @@ def _keys_by_rank(stream_class, shards, epoch, world_size=2, num_workers=3):
 
     keys = []
     for rank in range(world_size):
-        dataset = stream_class(shards, rank=rank, world_size=world_size, seed=0, buffer_size=100)
+        dataset = stream_class(shards, rank=rank, world_size=world_size, seed=seed, buffer_size=100)
         dataset.set_epoch(epoch)
         fork = "fork" if num_workers else None
         with warnings.catch_warnings():
@@ -1377,6 +1444,11 @@ def _duplicates_explained(per_rank, expected):
             f"{expected - len(set(everyone))} of {expected} samples never arrived: the ranks or "
             "workers shuffled the shard list differently. Shuffle it with the same seed and epoch "
             "everywhere (never the rank or the worker), then split."
+        )
+    if len(everyone) != expected:
+        return (
+            f"{len(everyone) - expected} samples arrived on both ranks: the ranks' parts "
+            "overlap. Give each rank its own slice of the shuffled list, [rank::world_size]."
         )
     return None
 
@@ -1427,6 +1499,11 @@ def check_shard_stream(stream_class, shards):
             "shuffle buffer is not mixing. Fill it first, then yield a random one for each new "
             "sample."
         )
+    if _keys_by_rank(stream_class, shards, 0, world_size=1, num_workers=0, seed=1)[0] == alone:
+        raise CheckFailed(
+            "seed=1 streamed epoch 0 in the same order as seed=0: mix self.seed into the shard "
+            "shuffle and the buffer's rng, so that two runs can differ on purpose."
+        )
     passed(
         f"2 ranks × 3 workers streamed all {expected:,} samples exactly once per epoch, in a new "
         f"order each epoch, {together:.0%} of neighbours still together."
@@ -1451,24 +1528,39 @@ def _dataset_of(loader):
     return inner[0].dataset
 
 
-def _webdataset_keys(make_loader, shards, epoch, rank):
-    """The keys rank ``rank`` of 2 gets from ``make_loader(shards, epoch)``, under the variables
-    torchrun would set."""
+def _check_pickles(dataset):
+    """Spawn and forkserver workers receive ``dataset`` pickled: fail early, with the cure."""
     import pickle
 
-    from ..torchrunenv import environment
-
-    loader = make_loader(shards, epoch)
     try:
-        pickle.dumps(_dataset_of(loader))
+        pickle.dumps(dataset)
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         raise CheckFailed(
             f"the pipeline does not pickle ({error}): spawn and forkserver workers would fail. "
             "Use functions defined in a module, or operator.itemgetter/methodcaller, not lambdas."
         ) from None
+
+
+def _batch_keys(batch):
+    """The keys of one ``(keys, labels)`` batch; a single sample is named as one."""
+    if isinstance(batch[0], str):
+        raise CheckFailed(
+            f"the loader yielded one sample, {tuple(batch)!r}, not a batch: end the pipeline "
+            "with .batched(32), so that workers hand over batches."
+        )
+    return batch[0]
+
+
+def _webdataset_keys(make_loader, shards, epoch, rank):
+    """The keys rank ``rank`` of 2 gets from ``make_loader(shards, epoch)``, under the variables
+    torchrun would set."""
+    from ..torchrunenv import environment
+
     try:
         with environment(RANK=rank, WORLD_SIZE=2):  # reaches forkserver workers too
-            return [key for batch in loader for key in batch[0]]
+            loader = make_loader(shards, epoch)
+            _check_pickles(_dataset_of(loader))
+            return [key for batch in loader for key in _batch_keys(batch)]
     except ValueError as error:
         if "nodesplitter" in str(error):
             raise CheckFailed(
@@ -1540,6 +1632,20 @@ def _first_error(audit):
     return f"e.g. sample {index}: {kind}"
 
 
+def _forked_child_reuses(dataset, handle):
+    """Whether a child forked now gets ``handle``, the parent's open one, from
+    ``dataset._get_file_handle()`` (a child that raises shows its traceback and counts as no)."""
+    import multiprocessing
+
+    def child():
+        sys.exit(3 if dataset._get_file_handle() is handle else 0)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join()
+    return process.exitcode == 3
+
+
 def check_per_process_handle(dataset_class, archive, manifest):
     """Lesson 3: ``dataset_class(archive)._get_file_handle()`` is one ``ZipFile`` per process,
     reused within it."""
@@ -1558,6 +1664,12 @@ def check_per_process_handle(dataset_class, archive, manifest):
             "(and "
             "read its central directory) for every sample. Keep the ZipFile in self and return the "
             "same one until os.getpid() changes."
+        )
+    if _forked_child_reuses(dataset, handle):
+        raise CheckFailed(
+            "A forked worker got the main process's ZipFile back, still open: it would share the "
+            "file offset with every other worker. Whether a handle exists or is open does not "
+            "tell processes apart; compare os.getpid() with the pid that opened it."
         )
     # from now on, any process that still reads through the main process's handle fails at once
     handle.close()
