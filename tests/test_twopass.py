@@ -149,10 +149,25 @@ def test_quality_of_two_pass_matches_a_full_shuffle_and_beats_chunks():
     assert chunks.classes < full.classes - 3
 
 
+def bucket_through_a_helper(key, seed, buckets):
+    return bucket_of(key, seed, buckets)  # a function, not a module: a fresh process lacks it
+
+
+def test_a_bucket_function_that_fails_in_a_fresh_process_is_named():
+    with pytest.raises(CheckFailed, match="failed in a fresh Python process.*NameError"):
+        shuffle_checks.check_bucket_for(bucket_through_a_helper)
+
+
 def test_the_exercise_checks_pass_the_package_s_functions_and_name_a_mistake():
     shuffle_checks.check_bucket_for(bucket_of)
     shuffle_checks.check_shuffle_bucket(shuffle_bucket)
     with pytest.raises(CheckFailed, match="same buckets"):
-        shuffle_checks.check_bucket_for(lambda key, seed, buckets: int(key) % buckets)
+        shuffle_checks.check_bucket_for(lambda key, seed, buckets: bucket_of(key, 0, buckets))
+    with pytest.raises(CheckFailed, match="not numbers"):
+        shuffle_checks.check_bucket_for(lambda key, seed, buckets: (int(key) + seed) % buckets)
+    with pytest.raises(CheckFailed, match="only renames it"):
+        shuffle_checks.check_bucket_for(
+            lambda key, seed, buckets: (bucket_of(key, 0, buckets) + seed) % buckets
+        )
     with pytest.raises(CheckFailed, match="in its input order"):
         shuffle_checks.check_shuffle_bucket(lambda samples, seed, bucket: samples)

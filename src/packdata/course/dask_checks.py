@@ -9,8 +9,10 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
+from ..mapshards import resize_sample
 from ..shardread import iter_shard_samples
 from ..shardwrite import write_tar
 from .checks import CheckFailed, passed
@@ -18,32 +20,51 @@ from .checks import CheckFailed, passed
 SLOW_JOB = 0  # the job the collect check makes slow: submitted first, done last
 
 
-def _keys(paths):
-    return sorted(sample["__key__"] for sample in iter_shard_samples([str(p) for p in paths]))
+def _samples(paths):
+    """``{key: {extension: bytes}}`` of every sample in ``paths``; a key seen twice is named."""
+    samples = {}
+    for sample in iter_shard_samples([str(path) for path in paths]):
+        key = sample["__key__"]
+        if key in samples:
+            raise CheckFailed(f"sample {key!r} is written twice: every sample must come out once")
+        samples[key] = {name: data for name, data in sample.items() if not name.startswith("__")}
+    return samples
 
 
 def _leftovers(folder, expected):
-    return sorted(path.name for path in Path(folder).iterdir() if path not in expected)
+    """Files anywhere under ``folder`` other than ``expected``, by their path in it."""
+    return sorted(
+        str(path.relative_to(folder))
+        for path in Path(folder).rglob("*")
+        if path.is_file() and path not in expected
+    )
 
 
-def _check_outputs(task, jobs):
-    """Run every job once; the outputs hold every input sample exactly once."""
+def _check_outputs(task, jobs, folder):
+    """Run every job once; the outputs hold every input sample once, resized as resize_sample
+    does, and nothing else is left in the check's folder."""
     counts = [task(source, target) for source, target in jobs]
     targets = [target for _, target in jobs]
     missing = [target.name for target in targets if not target.exists()]
     if missing:
         raise CheckFailed(f"no {missing[0]} after its task: write the output at `target`")
-    keys_in, keys_out = _keys(source for source, _ in jobs), _keys(targets)
-    if keys_out != keys_in:
+    inputs, outputs = _samples(source for source, _ in jobs), _samples(targets)
+    if sorted(outputs) != sorted(inputs):
         raise CheckFailed(
-            f"the outputs hold {len(keys_out)} samples ({len(set(keys_out))} distinct), the "
-            f"inputs {len(keys_in)}: every sample must come out exactly once"
+            f"the outputs hold {len(outputs)} samples, the inputs {len(inputs)}: every sample "
+            "must come out exactly once"
         )
-    if sum(counts) != len(keys_in):
+    for key, members in inputs.items():
+        if outputs[key] != resize_sample({"__key__": key, **members}):
+            raise CheckFailed(
+                f"sample {key!r} holds {sorted(outputs[key])}, not what resize_sample(sample) "
+                "returns: write its members as they come, with the sample's own key"
+            )
+    if sum(counts) != len(inputs):
         raise CheckFailed(f"the task returned {counts}: return the samples it wrote")
-    left = _leftovers(targets[0].parent, targets)
+    left = _leftovers(folder, targets)
     if left:
-        raise CheckFailed(f"{left[0]} is left beside the outputs: rename the temporary file")
+        raise CheckFailed(f"{left[0]} is left after the tasks: rename the temporary file")
 
 
 def _check_skips(task, jobs):
@@ -60,17 +81,23 @@ def _check_skips(task, jobs):
 
 
 def _check_failure(task, folder):
-    """A task whose shard fails part-way leaves nothing under the target name, nor beside it."""
+    """A task whose shard fails part-way leaves nothing under the target name, nor anywhere else."""
     broken = folder / "broken" / "train-000000.tar"
     broken.parent.mkdir()
     # the second sample holds decoded pixels, which resize_sample refuses
     write_tar(broken, [("a", {"jpg": _tiny_jpeg(), "cls": b"1"}), ("b", {"npy": b"\x93NUMPY"})])
     target = folder / "out-broken" / "train-000000.tar"
     target.parent.mkdir()
+    before = set(Path(folder).rglob("*"))
     try:
         task(broken, target)
     except ValueError:
         pass
+    except Exception as error:
+        raise CheckFailed(
+            f"resize_sample raises ValueError on sample 'b' of a broken shard, but the task "
+            f"raised {type(error).__name__}: {error}. Let the error out as it came (raise)"
+        ) from None
     else:
         raise CheckFailed("a shard that resize_sample refuses gave no error: let it raise")
     if target.exists():
@@ -78,12 +105,71 @@ def _check_failure(task, folder):
             f"after a failure part-way, {target.name} exists with half a shard: write to a "
             "temporary name in the same folder, and os.replace it onto `target` only when whole"
         )
-    left = _leftovers(target.parent, [])
+    left = _leftovers(folder, before)
     if left:
         raise CheckFailed(
             f"a failed task left {left[0]} behind: remove the temporary file when the task "
             "fails (except BaseException: unlink it, then raise)"
         )
+
+
+def _long_shard(shards, path, least=200):
+    """A shard at ``path`` of at least ``least`` samples, copies of those of ``shards[0]`` under
+    new keys: long enough that its task is caught writing."""
+    samples = list(_samples([shards[0]]).items())
+    copies = range(-(-least // len(samples)))
+    write_tar(path, [(f"{key}-{n}", members) for n in copies for key, members in samples])
+    return path
+
+
+def _killed_while_writing(task, source, target):
+    """Run ``task(source, target)`` in a forked process and kill it (SIGKILL, as an engine does
+    with a lost worker) as soon as it creates any file under ``target``'s folder."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=task, args=(source, target))
+    child.start()
+    while child.is_alive() and not any(target.parent.iterdir()):
+        time.sleep(0.0005)
+    child.kill()
+    child.join()
+
+
+def _check_kill(task, shards, folder):
+    """A task killed part-way leaves no half shard at ``target``; run again, it writes it whole."""
+    source = _long_shard(shards, folder / "long" / "train-000000.tar")
+    target = folder / "out-killed" / "train-000000.tar"
+    target.parent.mkdir()
+    _killed_while_writing(task, source, target)
+    expected = sorted(_samples([source]))
+    try:
+        whole = target.exists() and sorted(_samples([target])) == expected
+    except (ValueError, CheckFailed):
+        whole = False
+    if target.exists() and not whole:
+        raise CheckFailed(
+            f"a task killed while it wrote left {target.name} with half a shard: a killed "
+            "process runs no except or finally, so a re-run would skip that shard. Write a "
+            "temporary file and os.replace it onto `target` only when it is whole"
+        )
+    task(source, target)
+    if sorted(_samples([target])) != expected:
+        raise CheckFailed(
+            f"after a killed task, running it again wrote {target.name} without every sample: "
+            "a temporary file left by the killed one must not get in its way"
+        )
+
+
+@contextmanager
+def _temporary_files_in(folder):
+    """``tempfile``'s default folder is ``folder`` meanwhile, so that the check sees what a task
+    leaves there too."""
+    folder.mkdir()
+    saved, tempfile.tempdir = tempfile.tempdir, str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
 
 
 def _tiny_jpeg():
@@ -97,18 +183,22 @@ def _tiny_jpeg():
 
 
 def check_shard_task(task, shards):
-    """``task(source, target)``: every sample once at ``target``, nothing written when ``target``
-    exists (returns 0), and nothing at ``target`` (or beside it) when the shard fails part-way."""
-    with tempfile.TemporaryDirectory() as folder:
+    """``task(source, target)``: every sample once at ``target``, resized as ``resize_sample``
+    does; nothing written when ``target`` exists (returns 0); nothing at ``target`` nor left
+    anywhere when the shard fails part-way; no half shard at ``target`` when the task is killed
+    while it writes, and a whole one when it runs again."""
+    with tempfile.TemporaryDirectory() as folder, _temporary_files_in(Path(folder) / "tmp"):
         folder = Path(folder)
         (folder / "out").mkdir()
         jobs = [(Path(shard), folder / "out" / Path(shard).name) for shard in shards]
-        _check_outputs(task, jobs)
+        _check_outputs(task, jobs, folder)
         _check_skips(task, jobs)
         _check_failure(task, folder)
+        _check_kill(task, shards, folder)
     passed(
         f"{len(shards)} shards written whole, every sample once; a re-run writes nothing; a "
-        "failed task leaves nothing behind: safe to retry on any engine"
+        "failed task leaves nothing behind, a killed one no half shard: safe to retry on any "
+        "engine"
     )
 
 

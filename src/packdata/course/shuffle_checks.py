@@ -1,8 +1,9 @@
 """Checks for lesson 8's shuffle exercises: the scatter pass's bucket of a sample, and the gather
 pass's shuffle of one bucket.
 
-Each check runs the learner's function for real (the bucket function also in fresh interpreters
-with other hash seeds, as the tasks of a cluster would run it), builds the two-pass order of a
+Each check runs the learner's function for real (the bucket function on keys shaped as the
+dataset's, and also in fresh interpreters with other hash seeds, as the tasks of a cluster would
+run it), builds the two-pass order of a
 class-by-class input with it, compares the class mix per batch with a full shuffle's, and names the
 mistake it sees.
 """
@@ -22,7 +23,9 @@ from .. import shufflebench, twopass
 from .checks import CheckFailed, passed
 
 CLASSES, PER_CLASS, BUCKETS, BATCH = 10, 400, 8, 64
-KEYS = [f"{i:06d}" for i in range(CLASSES * PER_CLASS)]  # class by class, as a tar of tars comes
+# class by class, as a tar of tars comes, named as its inner tars name them: n01440764_0, ...
+WNIDS = [f"n{1440764 + 1000 * label:08d}" for label in range(CLASSES)]
+KEYS = [f"{wnid}_{i}" for wnid in WNIDS for i in range(PER_CLASS)]
 LABELS = np.repeat(np.arange(CLASSES), PER_CLASS)
 
 
@@ -42,11 +45,14 @@ def _two_pass_order(bucket_for, shuffle):
 
 def _in_fresh_interpreter(function, keys, hash_seed):
     """``[function(key, 0, BUCKETS) for key in keys]`` computed by another Python process from the
-    function's source, with ``PYTHONHASHSEED=hash_seed``; None when the source is not at hand."""
+    function's source, with ``PYTHONHASHSEED=hash_seed``; ``CheckFailed`` when it cannot be."""
     try:
         source = textwrap.dedent(inspect.getsource(function))
     except (OSError, TypeError):
-        return None
+        raise CheckFailed(
+            f"the check cannot read the source of {function!r}, so it cannot run it in another "
+            "process as a cluster's tasks would: define bucket_for with def, in a cell"
+        ) from None
     modules = {
         name: value.__name__
         for name in function.__code__.co_names
@@ -68,13 +74,34 @@ def _in_fresh_interpreter(function, keys, hash_seed):
         env=env,
         timeout=60,
     )
-    return json.loads(done.stdout) if done.returncode == 0 else None
+    if done.returncode != 0:
+        error = done.stderr.strip().splitlines() or ["(no error output)"]
+        raise CheckFailed(
+            f"bucket_for failed in a fresh Python process, as a scatter task on another machine "
+            f"runs it: {error[-1]}. Use only its arguments and modules you import (hashlib), "
+            "nothing else defined in the notebook"
+        )
+    return json.loads(done.stdout)
+
+
+def _groups(buckets):
+    """Which samples share a bucket, whatever the buckets' numbers."""
+    together = {}
+    for position, bucket in enumerate(buckets):
+        together.setdefault(bucket, []).append(position)
+    return sorted(together.values())
 
 
 def check_bucket_for(bucket_for):
     """``bucket_for(key, seed, buckets)``: an int in range, the same in every process, changed by
     the seed, spread evenly, and mixing a class-by-class input as well as a full shuffle."""
-    got = [bucket_for(key, 0, BUCKETS) for key in KEYS]
+    try:
+        got = [bucket_for(key, 0, BUCKETS) for key in KEYS]
+    except (ValueError, TypeError) as error:
+        raise CheckFailed(
+            f"bucket_for({KEYS[0]!r}, 0, {BUCKETS}) raised {type(error).__name__}: {error}. Keys "
+            "are strings such as the dataset's, not numbers: hash their bytes"
+        ) from None
     wrong = [b for b in got if not isinstance(b, (int, np.integer)) or not 0 <= b < BUCKETS]
     if wrong:
         raise CheckFailed(
@@ -82,14 +109,20 @@ def check_bucket_for(bucket_for):
         )
     if got != [bucket_for(key, 0, BUCKETS) for key in KEYS]:
         raise CheckFailed("bucket_for gave another bucket the second time: draw nothing unseeded")
-    if got == [bucket_for(key, 1, BUCKETS) for key in KEYS]:
+    other_seed = [bucket_for(key, 1, BUCKETS) for key in KEYS]
+    if got == other_seed:
         raise CheckFailed(
             "seed 0 and seed 1 give the same buckets: mix the seed into the hash, or every epoch's "
             "conversion shuffles alike"
         )
-    sample = KEYS[:200]
+    if _groups(got) == _groups(other_seed):
+        raise CheckFailed(
+            "seed 1 puts the same samples together as seed 0, in buckets of other numbers: "
+            "adding the seed to a bucket only renames it. Hash the seed with the key"
+        )
+    sample = KEYS[::20]
     others = [_in_fresh_interpreter(bucket_for, sample, seed) for seed in (1, 2)]
-    if None not in others and (others[0] != others[1] or others[0] != got[:200]):
+    if others[0] != others[1] or others[0] != got[::20]:
         raise CheckFailed(
             "another Python process puts the same key in another bucket: str's hash() changes "
             "with every interpreter (PYTHONHASHSEED), so scatter tasks on other workers would "

@@ -1,0 +1,111 @@
+"""Lesson 8's check of a per-shard task passes a task that is safe to retry and kill, and names
+each way a task is not."""
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+
+from packdata import shardwrite
+from packdata.course.checks import CheckFailed
+from packdata.course.dask_checks import check_shard_task
+from packdata.mapshards import resize_sample
+
+
+@pytest.fixture(scope="module")
+def shards(tiny_dataset, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shards")
+    written = shardwrite.write_shards(tiny_dataset, folder, maxcount=20, progress=False)
+    return [info.path for info in written]
+
+
+def resized(source):
+    for sample in wds.WebDataset(str(source), shardshuffle=False):
+        yield {"__key__": sample["__key__"], **resize_sample(sample)}
+
+
+def write(samples, path):
+    with wds.TarWriter(str(path)) as sink:
+        count = 0
+        for sample in samples:
+            sink.write(sample)
+            count += 1
+    return count
+
+
+def atomic(source, target, samples=resized, folder=None):
+    """The lesson's answer: a hidden temporary file in ``folder`` (``target``'s own by default),
+    renamed onto ``target`` when whole, removed when the task fails."""
+    target = Path(target)
+    if target.exists():
+        return 0
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder or target.parent)
+    os.close(handle)
+    try:
+        count = write(samples(source), temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return count
+
+
+def straight_to_target(source, target):
+    """Writes ``target`` itself and removes it on an error: a kill leaves half a shard."""
+    if Path(target).exists():
+        return 0
+    try:
+        return write(resized(source), target)
+    except BaseException:
+        Path(target).unlink()
+        raise
+
+
+def not_resized(source, target):
+    members = (
+        {name: data for name, data in sample.items() if name != "__url__"}
+        for sample in wds.WebDataset(str(source), shardshuffle=False)
+    )
+    return atomic(source, target, samples=lambda _: members)
+
+
+def kept_on_failure_elsewhere(source, target):
+    """A temporary file in tempfile's own folder, left there when the task fails."""
+    if Path(target).exists():
+        return 0
+    handle, temporary = tempfile.mkstemp()
+    os.close(handle)
+    count = write(resized(source), temporary)
+    os.replace(temporary, target)
+    return count
+
+
+def failure_wrapped(source, target):
+    try:
+        return atomic(source, target)
+    except ValueError as error:
+        raise RuntimeError("the shard failed") from error
+
+
+def test_an_atomic_task_passes_even_with_its_file_in_another_folder(shards, tmp_path, capsys):
+    check_shard_task(atomic, shards)
+    check_shard_task(
+        lambda source, target: atomic(source, target, folder=tempfile.gettempdir()), shards
+    )
+    assert capsys.readouterr().out.count("✓") == 2
+
+
+@pytest.mark.parametrize(
+    ("task", "named"),
+    [
+        (straight_to_target, "killed while it wrote"),
+        (not_resized, "not what resize_sample(sample) returns"),
+        (kept_on_failure_elsewhere, "a failed task left tmp/"),
+        (failure_wrapped, "raised RuntimeError"),
+    ],
+)
+def test_each_unsafe_task_is_named(shards, task, named):
+    with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace(")", r"\)")):
+        check_shard_task(task, shards)
