@@ -1,8 +1,9 @@
-"""Lesson 8's check of a per-shard task passes a task that is safe to retry and kill, and names
-each way a task is not."""
+"""Lesson 8's engine checks: a per-shard task that is safe to retry and kill passes, results
+collected as they complete pass, and each way to get either wrong is named."""
 
 import os
 import tempfile
+from concurrent.futures import as_completed
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import webdataset as wds
 
 from packdata import shardwrite
 from packdata.course.checks import CheckFailed
-from packdata.course.dask_checks import check_shard_task
+from packdata.course.dask_checks import check_collect, check_shard_task
 from packdata.mapshards import resize_sample
 
 
@@ -109,3 +110,40 @@ def test_an_atomic_task_passes_even_with_its_file_in_another_folder(shards, tmp_
 def test_each_unsafe_task_is_named(shards, task, named):
     with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace(")", r"\)")):
         check_shard_task(task, shards)
+
+
+def collect_as_completed(executor, task, jobs):
+    futures = {executor.submit(task, job): job for job in jobs}
+    return [(futures[future], future.result()) for future in as_completed(futures)]
+
+
+def collect_in_order(executor, task, jobs):
+    futures = [(job, executor.submit(task, job)) for job in jobs]
+    return [(job, future.result()) for job, future in futures]
+
+
+def collect_one_at_a_time(executor, task, jobs):
+    return [(job, executor.submit(task, job).result()) for job in jobs]
+
+
+def collect_swallowing_failures(executor, task, jobs):
+    futures = {executor.submit(task, job): job for job in jobs}
+    return [(futures[f], f.result()) for f in as_completed(futures) if not f.exception()]
+
+
+def test_collecting_as_completed_passes(capsys):
+    check_collect(collect_as_completed)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    ("collect", "named"),
+    [
+        (collect_in_order, "as_completed"),
+        (collect_one_at_a_time, "one at a time"),
+        (collect_swallowing_failures, "swallowed"),
+    ],
+)
+def test_each_collecting_mistake_is_named(collect, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_collect(collect)
