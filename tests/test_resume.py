@@ -156,14 +156,7 @@ def test_stateful_dataloader_resumes_the_same_order_exactly(urls, all_keys, num_
         )
 
     whole = [keys_of(batch) for batch in loader()]
-    first = loader()
-    batches = iter(first)
-    before = [keys_of(next(batches)) for _ in range(5)]
-    state = first.state_dict()
-    del batches, first  # the job is gone; a new one loads the checkpoint
-    again = loader()
-    again.load_state_dict(state)
-    after = [keys_of(batch) for batch in again]
+    before, after = checkpointed_and_resumed(loader, keys_of)
     assert before + after == whole
     assert_exactly_once([key for batch in before + after for key in batch], all_keys)
 
@@ -176,15 +169,21 @@ def test_the_jobs_stream_resumes_exactly_in_spawned_workers(urls, all_keys):
             data, batch_size=4, num_workers=2, multiprocessing_context="spawn"
         )
 
-    first = loader()
+    before, after = checkpointed_and_resumed(loader, preemption.keys_of)
+    assert_exactly_once([key for batch in before + after for key in batch], all_keys)
+
+
+def checkpointed_and_resumed(make_loader, keys_of, taken=5):
+    """The keys of each batch up to a checkpoint after ``taken`` batches, and of each batch a new
+    loader from ``make_loader``, resumed from that checkpoint, delivers."""
+    first = make_loader()
     batches = iter(first)
-    before = [key for _ in range(5) for key in preemption.keys_of(next(batches))]
+    before = [keys_of(next(batches)) for _ in range(taken)]
     state = first.state_dict()
-    del batches, first
-    again = loader()
+    del batches, first  # the job is gone; a new one loads the checkpoint
+    again = make_loader()
     again.load_state_dict(state)
-    after = [key for batch in again for key in preemption.keys_of(batch)]
-    assert_exactly_once(before + after, all_keys)
+    return before, [keys_of(batch) for batch in again]
 
 
 @pytest.mark.parametrize("num_workers, then", [(2, 1), (1, 3), (0, 2), (2, 0)])
