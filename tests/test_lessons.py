@@ -25,7 +25,6 @@ starts.
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -49,11 +48,11 @@ SHORTER_UNDER_SPAWN = [
 ]
 
 
-def copied(lesson, tmp_path):
-    """``lesson`` copied alone into a fresh folder, where it runs."""
+def copied(lesson, tmp_path, text=None):
+    """``lesson`` (or ``text`` in its name) alone in a fresh folder, where it runs."""
     folder = tmp_path / "notebooks"
     folder.mkdir()
-    shutil.copy(lesson, folder / lesson.name)
+    (folder / lesson.name).write_text(lesson.read_text() if text is None else text)
     return folder
 
 
@@ -82,6 +81,6 @@ def test_every_spawn_edit_still_finds_its_text(lesson):
 @pytest.mark.parametrize("lesson", UNDER_SPAWN, ids=[path.stem for path in UNDER_SPAWN])
 def test_lesson_runs_under_spawn(lesson, tmp_path, monkeypatch):
     monkeypatch.setenv("PACKDATA_START_METHOD", "spawn")
-    copy = copied(lesson, tmp_path) / lesson.name
-    copy.write_text(shorter_under_spawn(lesson))
-    run_seconds(copy)  # a cell failing unexpectedly raises
+    run_seconds(
+        copied(lesson, tmp_path, shorter_under_spawn(lesson)) / lesson.name
+    )  # a cell failing unexpectedly raises
