@@ -7,7 +7,6 @@ when it is not.
 
 import math
 import numbers
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -1632,18 +1631,36 @@ def _first_error(audit):
     return f"e.g. sample {index}: {kind}"
 
 
-def _forked_child_reuses(dataset, handle):
-    """Whether a child forked now gets ``handle``, the parent's open one, from
-    ``dataset._get_file_handle()`` (a child that raises shows its traceback and counts as no)."""
-    import multiprocessing
+class _HandleShared:
+    """A one-item dataset whose item says whether ``dataset._get_file_handle()``, called where the
+    item is read, returns ``handle``."""
 
-    def child():
-        sys.exit(3 if dataset._get_file_handle() is handle else 0)
+    def __init__(self, dataset, handle):
+        self.dataset, self.handle = dataset, handle
 
-    process = multiprocessing.get_context("fork").Process(target=child)
-    process.start()
-    process.join()
-    return process.exitcode == 3
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        return self.dataset._get_file_handle() is self.handle
+
+
+def _forked_worker_reuses(dataset, handle):
+    """Whether a DataLoader worker forked now gets ``handle``, the main process's open one, from
+    ``dataset._get_file_handle()``."""
+    from torch.utils.data import DataLoader
+
+    shared = _HandleShared(dataset, handle)
+    loader = DataLoader(shared, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    try:
+        return next(iter(loader))
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        raise CheckFailed(
+            f"_get_file_handle() failed in a forked DataLoader worker: {type(error).__name__}: "
+            f"{error}"
+        ) from error
 
 
 def check_per_process_handle(dataset_class, archive, manifest):
@@ -1665,7 +1682,7 @@ def check_per_process_handle(dataset_class, archive, manifest):
             "read its central directory) for every sample. Keep the ZipFile in self and return the "
             "same one until os.getpid() changes."
         )
-    if _forked_child_reuses(dataset, handle):
+    if _forked_worker_reuses(dataset, handle):
         raise CheckFailed(
             "A forked worker got the main process's ZipFile back, still open: it would share the "
             "file offset with every other worker. Whether a handle exists or is open does not "
