@@ -114,11 +114,13 @@ def _check_counts_skip_stray_files(count_per_class):
     import tempfile
     from pathlib import Path
 
+    from PIL import Image
+
     with tempfile.TemporaryDirectory() as tmp:
         for name, images in {"cat": 3, "dog": 2}.items():
             (Path(tmp) / name).mkdir()
             for i in range(images):
-                (Path(tmp) / name / f"{name}_{i}.jpg").write_bytes(b"")
+                Image.new("RGB", (8, 8)).save(Path(tmp) / name / f"{name}_{i}.jpg")
         (Path(tmp) / "cat" / "notes.txt").write_text("collected 2026")
         (Path(tmp) / "dog" / "Thumbs.db").write_bytes(b"")
         (Path(tmp) / "manifest.json").write_text("{}")
