@@ -2,6 +2,7 @@
 collected as they complete pass, and each way to get either wrong is named."""
 
 import os
+import re
 import tempfile
 from concurrent.futures import as_completed
 from pathlib import Path
@@ -83,6 +84,31 @@ def kept_on_failure_elsewhere(source, target):
     return count
 
 
+def keys_renamed(source, target):
+    renamed = ({**s, "__key__": f"{s['__key__']}-resized"} for s in resized(source))
+    return atomic(source, target, samples=lambda _: renamed)
+
+
+def without_labels(source, target):
+    images = ({"__key__": s["__key__"], "jpg": s["jpg"]} for s in resized(source))
+    return atomic(source, target, samples=lambda _: images)
+
+
+def stuck_on_a_stale_temporary(source, target):
+    """One fixed temporary name, opened exclusively: what a killed task left there blocks it."""
+    if Path(target).exists():
+        return 0
+    temporary = Path(target).with_name(f".{Path(target).name}.partial")
+    try:
+        temporary.touch(exist_ok=False)
+        count = write(resized(source), temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return count
+
+
 def failure_wrapped(source, target):
     try:
         return atomic(source, target)
@@ -102,13 +128,16 @@ def test_an_atomic_task_passes_even_with_its_file_in_another_folder(shards, tmp_
     ("task", "named"),
     [
         (straight_to_target, "killed while it wrote"),
-        (not_resized, "not what resize_sample(sample) returns"),
+        (not_resized, "resize_sample(sample) gives a 32×32 image"),
+        (keys_renamed, "'000000' is missing"),
+        (without_labels, "holds ['jpg']; resize_sample(sample) gives ['cls', 'jpg']"),
+        (stuck_on_a_stale_temporary, "running it again raised FileExistsError"),
         (kept_on_failure_elsewhere, "a failed task left tmp/"),
         (failure_wrapped, "raised RuntimeError"),
     ],
 )
 def test_each_unsafe_task_is_named(shards, task, named):
-    with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(CheckFailed, match=re.escape(named)):
         check_shard_task(task, shards)
 
 

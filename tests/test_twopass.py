@@ -1,7 +1,9 @@
 """The two-pass shuffle: every sample exactly once, the same order for the same seed whatever runs
 the tasks, one bucket in memory at a time, clear errors, and the old shards kept when it fails."""
 
+import zlib
 from collections import Counter
+from hashlib import blake2b
 
 import numpy as np
 import pytest
@@ -149,13 +151,39 @@ def test_quality_of_two_pass_matches_a_full_shuffle_and_beats_chunks():
     assert chunks.classes < full.classes - 3
 
 
-def bucket_through_a_helper(key, seed, buckets):
-    return bucket_of(key, seed, buckets)  # a function, not a module: a fresh process lacks it
+SALT = "salt:"  # defined here, as in a notebook's cell: a fresh process lacks it
+
+
+def bucket_with_a_salt(key, seed, buckets):
+    return bucket_of(SALT + key, seed, buckets)
+
+
+def bucket_of_imported_function(key, seed, buckets):
+    """Right, with a function imported from a module, a comprehension, a numpy integer, a print."""
+    digest = blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    print(key, [zlib.crc32(bytes([byte])) % buckets for byte in digest[:2]])
+    return np.frombuffer(digest, np.uint64)[0] % np.uint64(buckets)
+
+
+def bucket_doubled_by_the_seed(key, seed, buckets):
+    return zlib.crc32(key.encode()) * (seed + 1) % buckets  # seed 1: even buckets only
 
 
 def test_a_bucket_function_that_fails_in_a_fresh_process_is_named():
-    with pytest.raises(CheckFailed, match="failed in a fresh Python process.*NameError"):
-        shuffle_checks.check_bucket_for(bucket_through_a_helper)
+    with pytest.raises(CheckFailed, match="failed in a fresh Python process.*NameError.*SALT"):
+        shuffle_checks.check_bucket_for(bucket_with_a_salt)
+    with pytest.raises(CheckFailed, match="cannot read the source.*with def"):
+        shuffle_checks.check_bucket_for(lambda key, seed, buckets: bucket_of(key, seed, buckets))
+
+
+def test_a_bucket_function_runs_in_a_fresh_process_with_what_it_imports(capsys):
+    shuffle_checks.check_bucket_for(bucket_of_imported_function)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("✓")
+
+
+def test_buckets_uneven_for_another_seed_are_named():
+    with pytest.raises(CheckFailed, match="with seed 1, bucket sizes run from 0"):
+        shuffle_checks.check_bucket_for(bucket_doubled_by_the_seed)
 
 
 def test_the_exercise_checks_pass_the_package_s_functions_and_name_a_mistake():

@@ -5,9 +5,14 @@ Each check runs the learner's code for real (on shards it writes, on a real exec
 mistake it sees.
 """
 
+import io
+import itertools
+import multiprocessing
+import sys
 import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,21 +55,44 @@ def _check_outputs(task, jobs, folder):
         raise CheckFailed(f"no {missing[0]} after its task: write the output at `target`")
     inputs, outputs = _samples(source for source, _ in jobs), _samples(targets)
     if sorted(outputs) != sorted(inputs):
+        lost, extra = sorted(set(inputs) - set(outputs)), sorted(set(outputs) - set(inputs))
+        which = f"{lost[0]!r} is missing" if lost else f"{extra[0]!r} is no input's"
         raise CheckFailed(
-            f"the outputs hold {len(outputs)} samples, the inputs {len(inputs)}: every sample "
-            "must come out exactly once"
+            f"the outputs hold {len(outputs)} samples, the inputs {len(inputs)}, and {which}: "
+            "every sample must come out exactly once, under its own key"
         )
     for key, members in inputs.items():
-        if outputs[key] != resize_sample({"__key__": key, **members}):
+        expected = resize_sample({"__key__": key, **members})
+        if outputs[key] != expected:
             raise CheckFailed(
-                f"sample {key!r} holds {sorted(outputs[key])}, not what resize_sample(sample) "
-                "returns: write its members as they come, with the sample's own key"
+                f"{_difference(key, outputs[key], expected)}: write the members it returns, as "
+                "they are"
             )
     if sum(counts) != len(inputs):
         raise CheckFailed(f"the task returned {counts}: return the samples it wrote")
     left = _leftovers(folder, targets)
     if left:
         raise CheckFailed(f"{left[0]} is left after the tasks: rename the temporary file")
+
+
+def _difference(key, got, expected):
+    """How the members ``got`` for sample ``key`` differ from ``expected``, resize_sample's."""
+    if sorted(got) != sorted(expected):
+        return f"sample {key!r} holds {sorted(got)}; resize_sample(sample) gives {sorted(expected)}"
+    name = next(name for name in sorted(got) if got[name] != expected[name])
+    written, resized = _described(got[name]), _described(expected[name])
+    return f"the {name} of sample {key!r} is {written}; resize_sample(sample) gives {resized}"
+
+
+def _described(data):
+    """'a 64×64 image of 2,051 bytes', or '3 bytes' for what is not an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        width, height = Image.open(io.BytesIO(data)).size
+    except UnidentifiedImageError:
+        return f"{len(data):,} bytes"
+    return f"a {width}×{height} image of {len(data):,} bytes"
 
 
 def _check_skips(task, jobs):
@@ -115,24 +143,59 @@ def _check_failure(task, folder):
 
 def _long_shard(shards, path, least=200):
     """A shard at ``path`` of at least ``least`` samples, copies of those of ``shards[0]`` under
-    new keys: long enough that its task is caught writing."""
+    new keys: long enough that a task is caught writing even where ``resize_sample`` cannot stall
+    it (a task that resizes every sample before it writes any)."""
     samples = list(_samples([shards[0]]).items())
     copies = range(-(-least // len(samples)))
     write_tar(path, [(f"{key}-{n}", members) for n in copies for key, members in samples])
     return path
 
 
+def _stall_resizes_once_writing(folder):
+    """In this (forked) process, ``resize_sample``, under every name a module holds it by, blocks
+    for good from its second call on once a file is under ``folder``: a task that streams its
+    samples into a file is then always caught writing, however fast the machine."""
+    calls, resize = itertools.count(), resize_sample
+
+    def resize_or_stall(*args, **kwargs):
+        if next(calls) and any(folder.iterdir()):
+            threading.Event().wait()
+        return resize(*args, **kwargs)
+
+    for module in list(sys.modules.values()):
+        for name, value in list(getattr(module, "__dict__", {}).items()):
+            if value is resize_sample:
+                setattr(module, name, resize_or_stall)
+
+
+def _stalled_task(task, source, target):
+    """``task(source, target)`` in the forked process, stalled once it writes."""
+    _stall_resizes_once_writing(Path(target).parent)
+    task(source, target)
+
+
 def _killed_while_writing(task, source, target):
     """Run ``task(source, target)`` in a forked process and kill it (SIGKILL, as an engine does
-    with a lost worker) as soon as it creates any file under ``target``'s folder."""
-    import multiprocessing
-
-    child = multiprocessing.get_context("fork").Process(target=task, args=(source, target))
+    with a lost worker) as soon as it creates any file under ``target``'s folder; there it stalls
+    at its next sample, so the kill finds it mid-write."""
+    child = multiprocessing.get_context("fork").Process(
+        target=_stalled_task, args=(task, source, target)
+    )
     child.start()
     while child.is_alive() and not any(target.parent.iterdir()):
         time.sleep(0.0005)
     child.kill()
     child.join()
+
+
+def _holds(shard, keys):
+    """Whether ``shard`` holds the samples ``keys``, sorted; one cut short quietly does not."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warning that the shard was cut short
+        try:
+            return sorted(_samples([shard])) == keys
+        except (ValueError, CheckFailed):
+            return False
 
 
 def _check_kill(task, shards, folder):
@@ -142,17 +205,20 @@ def _check_kill(task, shards, folder):
     target.parent.mkdir()
     _killed_while_writing(task, source, target)
     expected = sorted(_samples([source]))
-    try:
-        whole = target.exists() and sorted(_samples([target])) == expected
-    except (ValueError, CheckFailed):
-        whole = False
-    if target.exists() and not whole:
+    if target.exists() and not _holds(target, expected):
         raise CheckFailed(
             f"a task killed while it wrote left {target.name} with half a shard: a killed "
             "process runs no except or finally, so a re-run would skip that shard. Write a "
             "temporary file and os.replace it onto `target` only when it is whole"
         )
-    task(source, target)
+    try:
+        task(source, target)
+    except Exception as error:
+        raise CheckFailed(
+            f"after a killed task, running it again raised {type(error).__name__}: {error}. The "
+            "killed task left its temporary file: take a fresh name (tempfile.mkstemp) or "
+            "overwrite it"
+        ) from None
     if sorted(_samples([target])) != expected:
         raise CheckFailed(
             f"after a killed task, running it again wrote {target.name} without every sample: "
@@ -173,8 +239,6 @@ def _temporary_files_in(folder):
 
 
 def _tiny_jpeg():
-    import io
-
     from PIL import Image
 
     buffer = io.BytesIO()

@@ -8,6 +8,8 @@ class-by-class input with it, compares the class mix per batch with a full shuff
 mistake it sees.
 """
 
+import functools
+import importlib
 import inspect
 import json
 import os
@@ -43,43 +45,80 @@ def _two_pass_order(bucket_for, shuffle):
     return np.concatenate([shuffle(list(b), 0, i) for i, b in enumerate(buckets) if b]).astype(int)
 
 
-def _in_fresh_interpreter(function, keys, hash_seed):
-    """``[function(key, 0, BUCKETS) for key in keys]`` computed by another Python process from the
-    function's source, with ``PYTHONHASHSEED=hash_seed``; ``CheckFailed`` when it cannot be."""
+def _global_names(code):
+    """The global names ``code`` reads, its comprehensions' and inner functions' included."""
+    inner = [_global_names(const) for const in code.co_consts if isinstance(const, types.CodeType)]
+    return set(code.co_names).union(*inner)
+
+
+def _imported_as(value):
+    """``[module, [attribute, ...]]`` by which another process imports ``value`` (a module, or a
+    function or class a module defines, such as hashlib.blake2b), or None."""
+    if isinstance(value, types.ModuleType):
+        return [value.__name__, []]
+    module, path = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(path, str) or module == "__main__":
+        return None
+    try:
+        found = functools.reduce(getattr, path.split("."), importlib.import_module(module))
+    except (ImportError, AttributeError):
+        return None
+    return [module, path.split(".")] if found is value else None
+
+
+def _program(function):
+    """``(program, imports)``: Python that defines ``function`` from its source, imports what it
+    uses, and prints ``[int(function(key, 0, BUCKETS)) for key in keys]`` as JSON; ``imports``
+    (JSON) and ``keys`` (JSON) are its two arguments."""
     try:
         source = textwrap.dedent(inspect.getsource(function))
     except (OSError, TypeError):
+        source = ""
+    if not source or not function.__name__.isidentifier():
         raise CheckFailed(
             f"the check cannot read the source of {function!r}, so it cannot run it in another "
             "process as a cluster's tasks would: define bucket_for with def, in a cell"
-        ) from None
-    modules = {
-        name: value.__name__
-        for name in function.__code__.co_names
-        if isinstance(value := function.__globals__.get(name), types.ModuleType)
+        )
+    imports = {
+        name: found
+        for name in _global_names(function.__code__) & function.__globals__.keys()
+        if (found := _imported_as(function.__globals__[name]))
     }
     program = (
-        "import importlib, json, sys\n"
-        "names = {n: importlib.import_module(m) for n, m in json.loads(sys.argv[1]).items()}\n"
-        "globals().update(names)\n"
+        "import functools, importlib, json, sys\n"
+        "for name, (module, path) in json.loads(sys.argv[1]).items():\n"
+        "    globals()[name] = functools.reduce(getattr, path, importlib.import_module(module))\n"
         f"{source}\n"
-        f"keys = json.loads(sys.argv[2])\n"
-        f"print(json.dumps([{function.__name__}(k, 0, {BUCKETS}) for k in keys]))"
+        "keys, results = json.loads(sys.argv[2]), sys.stdout\n"
+        "sys.stdout = sys.stderr  # what the function prints goes aside\n"
+        f"results.write(json.dumps([int({function.__name__}(k, 0, {BUCKETS})) for k in keys]))"
     )
-    env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
-    done = subprocess.run(
-        [sys.executable, "-c", program, json.dumps(modules), json.dumps(keys)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    return program, json.dumps(imports)
+
+
+def _in_fresh_interpreter(function, keys, hash_seed):
+    """``[function(key, 0, BUCKETS) for key in keys]`` computed by another Python process from the
+    function's source, with ``PYTHONHASHSEED=hash_seed``; ``CheckFailed`` when it cannot be."""
+    program, imports = _program(function)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", program, imports, json.dumps(keys)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": str(hash_seed)},
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        raise CheckFailed(
+            f"bucket_for took over 60 s for {len(keys)} keys in a fresh Python process: "
+            "hash each key once, nothing more"
+        ) from None
     if done.returncode != 0:
         error = done.stderr.strip().splitlines() or ["(no error output)"]
         raise CheckFailed(
             f"bucket_for failed in a fresh Python process, as a scatter task on another machine "
-            f"runs it: {error[-1]}. Use only its arguments and modules you import (hashlib), "
-            "nothing else defined in the notebook"
+            f"runs it: {error[-1]}. Use only its arguments, and modules or functions you import "
+            "(hashlib, zlib.crc32): nothing else defined in the notebook"
         )
     return json.loads(done.stdout)
 
@@ -92,24 +131,25 @@ def _groups(buckets):
     return sorted(together.values())
 
 
-def check_bucket_for(bucket_for):
-    """``bucket_for(key, seed, buckets)``: an int in range, the same in every process, changed by
-    the seed, spread evenly, and mixing a class-by-class input as well as a full shuffle."""
+def _buckets(bucket_for, seed):
+    """``bucket_for(key, seed, BUCKETS)`` of every key, each checked to be a bucket."""
     try:
-        got = [bucket_for(key, 0, BUCKETS) for key in KEYS]
+        got = [bucket_for(key, seed, BUCKETS) for key in KEYS]
     except (ValueError, TypeError) as error:
         raise CheckFailed(
-            f"bucket_for({KEYS[0]!r}, 0, {BUCKETS}) raised {type(error).__name__}: {error}. Keys "
-            "are strings such as the dataset's, not numbers: hash their bytes"
+            f"bucket_for({KEYS[0]!r}, {seed}, {BUCKETS}) raised {type(error).__name__}: {error}. "
+            "Keys are strings such as the dataset's, not numbers: hash their bytes"
         ) from None
     wrong = [b for b in got if not isinstance(b, (int, np.integer)) or not 0 <= b < BUCKETS]
     if wrong:
         raise CheckFailed(
             f"bucket_for returned {wrong[0]!r}: a bucket is an int in 0..{BUCKETS - 1}"
         )
-    if got != [bucket_for(key, 0, BUCKETS) for key in KEYS]:
-        raise CheckFailed("bucket_for gave another bucket the second time: draw nothing unseeded")
-    other_seed = [bucket_for(key, 1, BUCKETS) for key in KEYS]
+    return got
+
+
+def _check_seeded(got, other_seed):
+    """Seed 1's buckets (``other_seed``) group the keys otherwise than seed 0's (``got``)."""
     if got == other_seed:
         raise CheckFailed(
             "seed 0 and seed 1 give the same buckets: mix the seed into the hash, or every epoch's "
@@ -120,6 +160,26 @@ def check_bucket_for(bucket_for):
             "seed 1 puts the same samples together as seed 0, in buckets of other numbers: "
             "adding the seed to a bucket only renames it. Hash the seed with the key"
         )
+
+
+def _check_even(buckets, seed):
+    """The ``buckets`` of the keys with ``seed`` are about the same size."""
+    sizes = [buckets.count(bucket) for bucket in range(BUCKETS)]
+    if max(sizes) > 1.3 * len(KEYS) / BUCKETS:
+        raise CheckFailed(
+            f"with seed {seed}, bucket sizes run from {min(sizes)} to {max(sizes)} for "
+            f"{len(KEYS) // BUCKETS} on average: the largest bucket sets the memory"
+        )
+
+
+def check_bucket_for(bucket_for):
+    """``bucket_for(key, seed, buckets)``: an int in range, the same in every process, changed by
+    the seed, spread evenly, and mixing a class-by-class input as well as a full shuffle."""
+    got = _buckets(bucket_for, 0)
+    if got != _buckets(bucket_for, 0):
+        raise CheckFailed("bucket_for gave another bucket the second time: draw nothing unseeded")
+    other_seed = _buckets(bucket_for, 1)
+    _check_seeded(got, other_seed)
     sample = KEYS[::20]
     others = [_in_fresh_interpreter(bucket_for, sample, seed) for seed in (1, 2)]
     if others[0] != others[1] or others[0] != got[::20]:
@@ -128,12 +188,8 @@ def check_bucket_for(bucket_for):
             "with every interpreter (PYTHONHASHSEED), so scatter tasks on other workers would "
             "disagree. Use a hash of the bytes (hashlib.blake2b, zlib.crc32)"
         )
-    counts = Counter(got)
-    if max(counts.values()) > 1.3 * len(KEYS) / BUCKETS:
-        raise CheckFailed(
-            f"bucket sizes run from {min(counts.values(), default=0)} to {max(counts.values())} "
-            f"for {len(KEYS) // BUCKETS} on average: the largest bucket sets the memory"
-        )
+    _check_even(got, 0)
+    _check_even(other_seed, 1)
     gap, full = _mix_gap(_two_pass_order(bucket_for, twopass.shuffle_bucket))
     if gap > 0.5:
         raise CheckFailed(
