@@ -843,6 +843,22 @@ class OpenedEveryCall(PerProcessZip):
         return zipfile.ZipFile(self.archive)
 
 
+class OpenedEveryCallInWorkers(PerProcessZip):
+    def __init__(self, archive):
+        super().__init__(archive)
+        self._handle, self._pid = zipfile.ZipFile(archive), os.getpid()
+
+    def _get_file_handle(self):
+        if self._pid != os.getpid():  # the pid is checked, but the new handle is not kept
+            return zipfile.ZipFile(self.archive)
+        return self._handle
+
+
+def test_a_worker_that_opens_a_handle_per_call_is_named(tiny_dataset):
+    with pytest.raises(checks.CheckFailed, match="two calls returned two different ZipFiles"):
+        lesson3_case(checks.check_per_process_handle, OpenedEveryCallInWorkers, tiny_dataset)
+
+
 def test_a_handle_reopened_only_when_closed_is_named(tiny_dataset):
     """The check closes the main process's handle before its audit: it must first see that a
     worker forked while that handle is open gets it back."""
@@ -930,7 +946,7 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         (
             "check_workers_needed",
             lambda t, lat, s: float(costmodel.workers_needed(t, lat, s)),
-            "a whole number",
+            "the number is right; return it as an int",
         ),
         (
             "check_count_per_class",
@@ -1030,8 +1046,9 @@ def stream_class(mistake=None):
             epoch = 0 if mistake == "epoch ignored" else self.epoch
             rank_salt = self.rank if mistake == "rank in the shard seed" else ""
             seed = 0 if mistake == "seed ignored" else self.seed
+            pair = seed + epoch if mistake == "seed plus epoch" else f"{seed}:{epoch}"
             order = list(self.shards)
-            random.Random(f"{seed}:{epoch}:{rank_salt}").shuffle(order)
+            random.Random(f"{pair}:{rank_salt}").shuffle(order)
             mine = order if mistake == "no rank split" else order[self.rank :: self.world_size]
             if mistake == "ranks overlap":  # one shard too many for each rank
                 per = len(order) // self.world_size
@@ -1042,7 +1059,9 @@ def stream_class(mistake=None):
             if mistake == "no buffer":
                 yield from samples
                 return
-            rng = random.Random(f"{seed}:{self.epoch}:{self.rank}:{worker}")
+            rng = random.Random(f"{pair}:{self.rank}:{worker}")
+            if mistake == "unseeded buffer":
+                rng = random.Random()
             buffer = []
             for sample in samples:
                 if len(buffer) < self.buffer_size:
@@ -1072,6 +1091,8 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("no buffer", "shuffle buffer is not mixing"),
         ("ranks overlap", "the ranks' parts overlap"),
         ("seed ignored", "mix self.seed"),
+        ("seed plus epoch", "seed + epoch makes them collide"),
+        ("unseeded buffer", "the same seed and epoch streamed another order"),
     ],
 )
 def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):
@@ -1090,7 +1111,9 @@ def split_when_made(shards):
     return shards[int(os.environ["RANK"]) :: int(os.environ["WORLD_SIZE"])]
 
 
-def loader_maker(seed_from_epoch=True, splitter=wds.split_by_node, select=None, batch=4):
+def loader_maker(
+    seed_from_epoch=True, splitter=wds.split_by_node, select=None, batch=4, **batching
+):
     def make_loader(shards, epoch):
         if splitter is split_when_made:
             shards = split_when_made(shards)
@@ -1103,7 +1126,7 @@ def loader_maker(seed_from_epoch=True, splitter=wds.split_by_node, select=None, 
             **({"select_files": select} if select else {}),
         )
         dataset = dataset.to_tuple("__key__", "cls")
-        dataset = dataset.batched(batch) if batch else dataset
+        dataset = dataset.batched(batch, **batching) if batch else dataset
         return wds.WebLoader(dataset, batch_size=None, num_workers=2)
 
     return make_loader
@@ -1125,6 +1148,8 @@ def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
         (loader_maker(splitter=wds.single_node_only), "nodesplitter=wds.split_by_node"),
         (loader_maker(splitter=every_shard), "both ranks read every shard"),
         (loader_maker(batch=None), ".batched(32)"),
+        (loader_maker(batch=7, partial=False), "partial=False"),
+        (loader_maker(collation_fn=None), "no collation_fn"),
         (loader_maker(seed_from_epoch=False), "seed the shard shuffle from the epoch"),
         (loader_maker(select=lambda name: name.endswith(".cls")), "does not pickle"),
     ],

@@ -16,7 +16,7 @@ workers. Every cell still runs and starts its workers by spawn; an edit whose te
 its lesson fails the test. Lessons 1 and 6 start dozens of workers in their measurements: even
 shortened, their spawn runs with lesson 7's took a fresh clone's `make test` from about 14 to 16
 minutes, past the 15 it must keep, so they run only with ``PACKDATA_SPAWN_LESSONS=all``; lesson 7
-runs, its comparison of sources with one cache size instead of two. Both methods pickle what
+runs, its comparison of sources in one round and with one cache size instead of two. Both methods pickle what
 they send to a worker, and a forkserver's workers start from a fresh interpreter too (the server
 is a new process, not a copy of the kernel), so a lambda or a class defined in the notebook fails
 under either; what spawn adds is that torch and torchvision are not imported before a worker
@@ -37,16 +37,17 @@ LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
 EVERY_LESSON = os.environ.get("PACKDATA_SPAWN_LESSONS") == "all"
 UNDER_SPAWN = [lesson for lesson in LESSONS if EVERY_LESSON or lesson.match("0[0234578]_*.md")]
 # (lessons, pattern, replacement) for the spawn run: fewer rounds everywhere, fewer workers in the
-# measurements that start most (lesson 1: 31 workers for 0 to 16; lesson 6: 24, 4 per loader;
-# lesson 7: 16, 2 per source and round); lesson 8's Slurm cell takes the branch of a machine
-# without Slurm, as on macOS (srun and torchrun start their own processes, whatever the kernel's
-# start method: the first run covers them)
+# measurements that start most (lesson 1: 31 workers for 0 to 16; lesson 5: 12, 3 per loader;
+# lesson 6: 24, 4 per loader; lesson 7: 16, 2 per source and round, here 6); lesson 8's Slurm cell
+# takes the branch of a machine without Slurm, as on macOS (srun and torchrun start their own
+# processes, whatever the kernel's start method: the first run covers them)
 SHORTER_UNDER_SPAWN = [
     ("*", r"rounds=3\b", "rounds=2"),
     ("08_*", r"missing := localslurm\.missing_programs\(\)", 'missing := ["slurmctld"]'),
     ("01_*", r"worker_counts = 5, \[0, 1, 2, 4, 8, 16\]", "worker_counts = 5, [0, 1, 4]"),
     ("06_*", r"workers, latencies_ms = 4, ", "workers, latencies_ms = 2, "),
-    ("07_*", r"(compare_sources\(photo_shards, .*)rounds=2\)", r"\1rounds=2, cache_sizes=(0.5,))"),
+    ("05_*", r"batch_size=None, num_workers=3\)\]", "batch_size=None, num_workers=2)]"),
+    ("07_*", r"(compare_sources\(photo_shards, .*)rounds=2\)", r"\1rounds=1, cache_sizes=(0.5,))"),
 ]
 
 

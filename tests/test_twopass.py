@@ -1,6 +1,7 @@
 """The two-pass shuffle: every sample exactly once, the same order for the same seed whatever runs
 the tasks, one bucket in memory at a time, clear errors, and the old shards kept when it fails."""
 
+import functools
 import zlib
 from collections import Counter
 from hashlib import blake2b
@@ -158,8 +159,10 @@ def bucket_with_a_salt(key, seed, buckets):
     return bucket_of(SALT + key, seed, buckets)
 
 
+@functools.lru_cache
 def bucket_of_imported_function(key, seed, buckets):
-    """Right, with a function imported from a module, a comprehension, a numpy integer, a print."""
+    """Right, with a function imported from a module, a comprehension, a numpy integer, a print,
+    and a decorator."""
     digest = blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
     print(key, [zlib.crc32(bytes([byte])) % buckets for byte in digest[:2]])
     return np.frombuffer(digest, np.uint64)[0] % np.uint64(buckets)
@@ -196,6 +199,10 @@ def test_the_exercise_checks_pass_the_package_s_functions_and_name_a_mistake():
     with pytest.raises(CheckFailed, match="only renames it"):
         shuffle_checks.check_bucket_for(
             lambda key, seed, buckets: (bucket_of(key, 0, buckets) + seed) % buckets
+        )
+    with pytest.raises(CheckFailed, match="zlib.crc32 is linear"):
+        shuffle_checks.check_bucket_for(
+            lambda key, seed, buckets: zlib.crc32(f"{seed}:{key}".encode()) % buckets
         )
     with pytest.raises(CheckFailed, match="in its input order"):
         shuffle_checks.check_shuffle_bucket(lambda samples, seed, bucket: samples)

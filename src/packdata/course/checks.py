@@ -124,7 +124,7 @@ def _check_counts_skip_stray_files(count_per_class):
         (Path(tmp) / "cat" / "notes.txt").write_text("collected 2026")
         (Path(tmp) / "dog" / "Thumbs.db").write_bytes(b"")
         (Path(tmp) / "manifest.json").write_text("{}")
-        got = count_per_class(tmp)
+        got = count_per_class(Path(tmp))
     if dict(got) != {"cat": 3, "dog": 2}:
         raise CheckFailed(
             "In a folder with cat/ (3 JPEGs and notes.txt), dog/ (2 JPEGs and Thumbs.db) and "
@@ -268,6 +268,11 @@ def check_workers_needed(workers_needed):
         if got == expected and whole:
             continue
         call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
+        if got == expected:
+            raise CheckFailed(
+                f"{call} returned {got!r}, a {type(got).__name__}: the number is right; return "
+                "it as an int (math.ceil gives one)."
+            )
         if not whole:
             hint = (
                 "a number of workers is a whole number: round up with math.ceil and return an int."
@@ -1468,6 +1473,32 @@ def _shard_neighbours(keys, shards, window=3):
     return close / max(len(keys), 1)
 
 
+def _check_stream_seeding(stream_class, shards, alone):
+    """The order of one rank, no workers, follows ``(seed, epoch)`` and nothing else: the same
+    pair gives ``alone`` again, another seed another order, and seed 1's epoch 0 is not seed 0's
+    epoch 1."""
+
+    def order(seed, epoch):
+        return _keys_by_rank(stream_class, shards, epoch, world_size=1, num_workers=0, seed=seed)[0]
+
+    if order(0, 0) != alone:
+        raise CheckFailed(
+            "the same seed and epoch streamed another order the second time: draw every random "
+            "choice from generators seeded with self.seed and self.epoch, so that a run can be "
+            "repeated."
+        )
+    if order(1, 0) == alone:
+        raise CheckFailed(
+            "seed=1 streamed epoch 0 in the same order as seed=0: mix self.seed into the shard "
+            "shuffle and the buffer's rng, so that two runs can differ on purpose."
+        )
+    if order(1, 0) == order(0, 1):
+        raise CheckFailed(
+            "seed=1's epoch 0 came in the order of seed=0's epoch 1: seed + epoch makes them "
+            'collide. Seed with the pair, f"{seed}:{epoch}" or [seed, epoch].'
+        )
+
+
 def check_shard_stream(stream_class, shards):
     """Lesson 4: ``stream_class(shards, rank, world_size, seed, buffer_size)``, an
     ``IterableDataset`` with ``set_epoch``, streams every sample exactly once per epoch across 2
@@ -1500,11 +1531,7 @@ def check_shard_stream(stream_class, shards):
             "shuffle buffer is not mixing. Fill it first, then yield a random one for each new "
             "sample."
         )
-    if _keys_by_rank(stream_class, shards, 0, world_size=1, num_workers=0, seed=1)[0] == alone:
-        raise CheckFailed(
-            "seed=1 streamed epoch 0 in the same order as seed=0: mix self.seed into the shard "
-            "shuffle and the buffer's rng, so that two runs can differ on purpose."
-        )
+    _check_stream_seeding(stream_class, shards, alone)
     passed(
         f"2 ranks × 3 workers streamed all {expected:,} samples exactly once per epoch, in a new "
         f"order each epoch, {together:.0%} of neighbours still together."
@@ -1543,11 +1570,22 @@ def _check_pickles(dataset):
 
 
 def _batch_keys(batch):
-    """The keys of one ``(keys, labels)`` batch; a single sample is named as one."""
+    """The keys of one ``(keys, labels)`` batch; a sample, a dict or uncollated samples are named
+    as what they are."""
+    if isinstance(batch, Mapping):
+        raise CheckFailed(
+            f"the loader yielded a dict with {sorted(batch)[:4]}: pick the fields with "
+            '.to_tuple("__key__", "cls"), then .batched(32).'
+        )
     if isinstance(batch[0], str):
         raise CheckFailed(
-            f"the loader yielded one sample, {tuple(batch)!r}, not a batch: end the pipeline "
+            f"the loader yielded one sample, {tuple(batch)!r:.80}, not a batch: end the pipeline "
             "with .batched(32), so that workers hand over batches."
+        )
+    if not all(isinstance(key, str) for key in batch[0]):
+        raise CheckFailed(
+            f"a batch starts with {batch[0]!r:.80}, not a list of keys: let .batched(32) collate "
+            "the samples (no collation_fn), so that a batch is (keys, labels)."
         )
     return batch[0]
 
@@ -1585,6 +1623,12 @@ def check_webdataset_loader(make_loader, shards):
             raise CheckFailed(
                 f"epoch {epoch}: both ranks read every shard. nodesplitter=wds.split_by_node "
                 "gives each rank its own."
+            )
+        if len(everyone) == len(set(everyone)) < expected:
+            raise CheckFailed(
+                f"epoch {epoch}: {expected - len(everyone)} of {expected} samples never arrived. "
+                "Does each worker drop its last, short batch (partial=False)? .batched(32) keeps "
+                "it."
             )
         if len(everyone) != expected or len(set(everyone)) != expected:
             raise CheckFailed(
@@ -1634,8 +1678,9 @@ def _first_error(audit):
 
 
 class _HandleShared:
-    """A one-item dataset whose item says whether ``dataset._get_file_handle()``, called where the
-    item is read, returns ``handle``."""
+    """A one-item dataset whose item says, where it is read, whether
+    ``dataset._get_file_handle()`` returns ``handle``, and whether a second call returns the same
+    handle as the first."""
 
     def __init__(self, dataset, handle):
         self.dataset, self.handle = dataset, handle
@@ -1644,12 +1689,14 @@ class _HandleShared:
         return 1
 
     def __getitem__(self, index):
-        return self.dataset._get_file_handle() is self.handle
+        first = self.dataset._get_file_handle()
+        return first is self.handle, self.dataset._get_file_handle() is first
 
 
-def _forked_worker_reuses(dataset, handle):
-    """Whether a DataLoader worker forked now gets ``handle``, the main process's open one, from
-    ``dataset._get_file_handle()``."""
+def _forked_worker_handles(dataset, handle):
+    """``(inherited, kept)``: whether a DataLoader worker forked now gets ``handle``, the main
+    process's open one, from ``dataset._get_file_handle()``, and whether it gets the same one
+    twice."""
     from torch.utils.data import DataLoader
 
     shared = _HandleShared(dataset, handle)
@@ -1684,11 +1731,18 @@ def check_per_process_handle(dataset_class, archive, manifest):
             "read its central directory) for every sample. Keep the ZipFile in self and return the "
             "same one until os.getpid() changes."
         )
-    if _forked_worker_reuses(dataset, handle):
+    inherited, kept = _forked_worker_handles(dataset, handle)
+    if inherited:
         raise CheckFailed(
             "A forked worker got the main process's ZipFile back, still open: it would share the "
             "file offset with every other worker. Whether a handle exists or is open does not "
             "tell processes apart; compare os.getpid() with the pid that opened it."
+        )
+    if not kept:
+        raise CheckFailed(
+            "In a forked worker, two calls returned two different ZipFiles: the worker opens the "
+            "archive for every sample. Store the handle it opens, with os.getpid(), and return it "
+            "while the pid is the same."
         )
     # from now on, any process that still reads through the main process's handle fails at once
     handle.close()
