@@ -16,11 +16,11 @@ workers. Every cell still runs and starts its workers by spawn; an edit whose te
 its lesson fails the test. Lessons 1 and 6 start dozens of workers in their measurements: even
 shortened, their spawn runs with lesson 7's took a fresh clone's `make test` from about 14 to 16
 minutes, past the 15 it must keep, so they run only with ``PACKDATA_SPAWN_LESSONS=all``; lesson 7
-runs, its comparison of sources in one round and with one cache size instead of two. Both methods pickle what
-they send to a worker, and a forkserver's workers start from a fresh interpreter too (the server
-is a new process, not a copy of the kernel), so a lambda or a class defined in the notebook fails
-under either; what spawn adds is that torch and torchvision are not imported before a worker
-starts.
+runs, its comparison of sources in one round and with one cache size instead of two. Both methods
+pickle what they send to a worker, and a forkserver's workers start from a fresh interpreter too
+(the server is a new process, not a copy of the kernel), so a lambda or a class defined in the
+notebook fails under either; what spawn adds is that torch and torchvision are not imported before
+a worker starts.
 """
 
 import os
