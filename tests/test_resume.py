@@ -161,6 +161,18 @@ def test_stateful_dataloader_resumes_the_same_order_exactly(urls, all_keys, num_
     assert_exactly_once([key for batch in before + after for key in batch], all_keys)
 
 
+def test_the_jobs_stream_resumes_exactly_in_spawned_workers(urls, all_keys):
+    # lesson 7 runs this loader; tests/test_lessons.py runs lesson 7 under forkserver only
+    def loader():
+        data = preemption.job_dataset(urls)
+        return StatefulDataLoader(
+            data, batch_size=4, num_workers=2, multiprocessing_context="spawn"
+        )
+
+    before, after = checkpointed_and_resumed(loader, preemption.keys_of)
+    assert_exactly_once([key for batch in before + after for key in batch], all_keys)
+
+
 def checkpointed_and_resumed(make_loader, keys_of, taken=5):
     """The keys of each batch up to a checkpoint after ``taken`` batches, and of each batch a new
     loader from ``make_loader``, resumed from that checkpoint, delivers."""
