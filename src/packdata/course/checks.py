@@ -1481,18 +1481,19 @@ def _check_stream_seeding(stream_class, shards, alone):
     def order(seed, epoch):
         return _keys_by_rank(stream_class, shards, epoch, world_size=1, num_workers=0, seed=seed)[0]
 
+    first_of_seed_1 = order(1, 0)
     if order(0, 0) != alone:
         raise CheckFailed(
             "the same seed and epoch streamed another order the second time: draw every random "
             "choice from generators seeded with self.seed and self.epoch, so that a run can be "
             "repeated."
         )
-    if order(1, 0) == alone:
+    if first_of_seed_1 == alone:
         raise CheckFailed(
             "seed=1 streamed epoch 0 in the same order as seed=0: mix self.seed into the shard "
             "shuffle and the buffer's rng, so that two runs can differ on purpose."
         )
-    if order(1, 0) == order(0, 1):
+    if first_of_seed_1 == order(0, 1):
         raise CheckFailed(
             "seed=1's epoch 0 came in the order of seed=0's epoch 1: seed + epoch makes them "
             'collide. Seed with the pair, f"{seed}:{epoch}" or [seed, epoch].'

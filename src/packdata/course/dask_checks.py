@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..layout import members_of
 from ..mapshards import resize_sample
 from ..shardread import iter_shard_samples
 from ..shardwrite import write_tar
@@ -35,7 +36,7 @@ def _samples(paths):
                 f"sample {key!r} is written twice: every sample must come out once, under its "
                 "own key (sample['__key__'])"
             )
-        samples[key] = {name: data for name, data in sample.items() if not name.startswith("__")}
+        samples[key] = members_of(sample)
     return samples
 
 
