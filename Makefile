@@ -63,7 +63,7 @@ lab: setup data notebooks  ## set everything up and open JupyterLab on the cours
 
 test: export PACKDATA_SIZE := small
 # notebook kernels start workers by forkserver, as Python 3.14 does on Linux (tests/start_method.py);
-# tests/test_lessons.py runs most lessons once more by spawn, as on macOS (the forkserver preloads torch)
+# tests/test_lessons.py runs every lesson once more by spawn, as on macOS (the forkserver preloads torch)
 test: export PYTHONSTARTUP := $(abspath tests/start_method.py)
 # the lessons run once, in tests/test_lessons.py, which keeps their executed decks for the browser test;
 # two pytest-xdist workers share the work, a file or a set of lessons at a time (tests/conftest.py)
