@@ -3,6 +3,7 @@
 import multiprocessing
 import operator
 import os
+import signal
 from functools import partial
 
 import pytest
@@ -57,6 +58,21 @@ def test_a_process_that_dies_is_named():
     with pytest.raises(RuntimeError, match="plain process 0 of 2 died"):
         run()
     run.close()
+
+
+def test_ctrl_c_ends_the_processes_quietly_and_the_next_calls_start_new_ones(capfd):
+    before = set(multiprocessing.active_children())
+    run = ceiling.PlainProcesses(abs, 4, 2, context="fork")
+    children = set(multiprocessing.active_children()) - before
+    for child in children:  # as a kernel that shuts down, or Ctrl-C in a terminal, does
+        os.kill(child.pid, signal.SIGINT)
+        child.join(timeout=10)
+    assert not any(child.is_alive() for child in children)
+    with pytest.raises(RuntimeError, match="plain process 0 of 2 died"):
+        run()
+    assert run() == 4
+    run.close()
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_no_processes_is_refused():

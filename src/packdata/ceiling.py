@@ -40,13 +40,16 @@ def serve(connection, work, indices):
     its share and answer how many; an error is answered with its traceback. ``None`` ends it."""
     torch.set_num_threads(1)  # as in a DataLoader worker
     connection.send("ready")
-    while connection.recv() is not None:
-        try:
-            for index in indices:
-                work(index)
-            connection.send(len(indices))
-        except Exception:  # noqa: BLE001  sent back, raised in the parent
-            connection.send(traceback.format_exc())
+    # Ctrl-C, or a kernel that stops its children, ends it without a traceback, as it does a
+    # DataLoader worker: the parent reports what matters
+    with contextlib.suppress(KeyboardInterrupt):
+        while connection.recv() is not None:
+            try:
+                for index in indices:
+                    work(index)
+                connection.send(len(indices))
+            except Exception:  # noqa: BLE001  sent back, raised in the parent
+                connection.send(traceback.format_exc())
 
 
 class PlainProcesses:
@@ -87,9 +90,19 @@ class PlainProcesses:
     def __call__(self):
         if not self.connections:
             self.start()
-        for connection in self.connections:
-            connection.send(True)
-        return sum(self.answers())
+        try:
+            for part, connection in enumerate(self.connections):
+                try:
+                    connection.send(True)
+                except OSError:
+                    raise self.died(part) from None
+            return sum(self.answers())
+        except BaseException:
+            self.close()  # interrupted, or a process is gone: the next call starts new ones
+            raise
+
+    def died(self, part):
+        return RuntimeError(f"plain process {part} of {self.processes} died")
 
     def answers(self):
         """Each process's answer; an error or a dead process raises ``RuntimeError`` naming it."""
@@ -98,7 +111,7 @@ class PlainProcesses:
             try:
                 answer = connection.recv()
             except EOFError:
-                raise RuntimeError(f"plain process {part} of {self.processes} died") from None
+                raise self.died(part) from None
             if isinstance(answer, str) and answer != "ready":
                 raise RuntimeError(f"plain process {part} of {self.processes} failed:\n{answer}")
             found.append(answer)
