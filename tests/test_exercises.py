@@ -1053,6 +1053,8 @@ def stream_class(mistake=None):
             if mistake == "ranks overlap":  # one shard too many for each rank
                 per = len(order) // self.world_size
                 mine = order[self.rank * per : (self.rank + 1) * per + 1]
+            if mistake == "last shard lost":  # an end one short
+                mine = order[self.rank : len(order) - 1 : self.world_size]
             if mistake != "no worker split":
                 mine = mine[worker::workers]
             samples = (sample for shard in mine for sample in read_samples(shard))
@@ -1090,6 +1092,7 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("epoch ignored", "set_epoch"),
         ("no buffer", "shuffle buffer is not mixing"),
         ("ranks overlap", "the ranks' parts overlap"),
+        ("last shard lost", "No sample of 1 shard(s) arrived (train-"),
         ("seed ignored", "mix self.seed"),
         ("seed plus epoch", "seed + epoch makes them collide"),
         ("unseeded buffer", "the same seed and epoch streamed another order"),

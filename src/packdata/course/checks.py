@@ -1473,6 +1473,26 @@ def _shard_neighbours(keys, shards, window=3):
     return close / max(len(keys), 1)
 
 
+def _alone_explained(alone, shards, expected):
+    """Why one rank without workers did not stream every sample once: shards it never read, or
+    else where to start looking."""
+    from ..shardread import iter_shard_samples
+
+    arrived = set(alone)
+    shard_of = {sample["__key__"]: sample["__url__"] for sample in iter_shard_samples(shards)}
+    unread = sorted(set(shard_of.values()) - {shard_of.get(key) for key in arrived})
+    counts = (
+        f"one rank, no workers: {len(alone)} items, {len(arrived)} distinct, of {expected} samples."
+    )
+    if unread:
+        first = unread[0].rsplit("/", 1)[-1]
+        return (
+            f"{counts} No sample of {len(unread)} shard(s) arrived ({first} first): rank 0 of 1 "
+            "must read every shard. Look at where your slices start and end."
+        )
+    return f"{counts} Start there: with no workers, get_worker_info() is None (worker 0 of 1)."
+
+
 def _check_stream_seeding(stream_class, shards, alone):
     """The order of one rank, no workers, follows ``(seed, epoch)`` and nothing else: the same
     pair gives ``alone`` again, another seed another order, and seed 1's epoch 0 is not seed 0's
@@ -1510,11 +1530,7 @@ def check_shard_stream(stream_class, shards):
     expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
     alone = _keys_by_rank(stream_class, shards, epoch=0, world_size=1, num_workers=0)[0]
     if sorted(alone) != sorted(set(alone)) or len(alone) != expected:
-        raise CheckFailed(
-            f"one rank, no workers: {len(alone)} items, {len(set(alone))} distinct, of "
-            f"{expected} samples. Start there: with no workers, get_worker_info() is None "
-            "(worker 0 of 1)."
-        )
+        raise CheckFailed(_alone_explained(alone, shards, expected))
     epochs = [_keys_by_rank(stream_class, shards, epoch) for epoch in (0, 1)]
     for epoch, per_rank in enumerate(epochs):
         reason = _duplicates_explained(per_rank, expected)
