@@ -196,6 +196,16 @@ def pack_labels_as_a_list(root, target):
         z.writestr(fixed_time("labels.json"), json.dumps([s["label"] for s in samples]))
 
 
+def pack_labels_as_floats(root, target):
+    samples = imagefolder.load_manifest(root)["samples"]
+    with zipfile.ZipFile(target, "w") as z:
+        for s in samples:
+            z.writestr(fixed_time(f"{s['key']}.jpg"), (Path(root) / s["path"]).read_bytes())
+        z.writestr(
+            fixed_time("labels.json"), json.dumps({s["key"]: float(s["label"]) for s in samples})
+        )
+
+
 def fixed_time(name):
     return zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
 
@@ -956,7 +966,13 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             "count only the .jpg files",
         ),
         ("check_workers_needed", lambda t, lat, s: int(t * (lat + s)), "round up, not down"),
+        (
+            "check_workers_needed",
+            lambda t, lat, s: math.ceil(t * (lat + s)),
+            "the docstring asks for at least 1",
+        ),
         ("check_pack_zip", pack_labels_as_a_list, "labels.json holds a list"),
+        ("check_pack_zip", pack_labels_as_floats, "a float: a class number is an int"),
         (
             "check_pack_zip",
             lambda root, target: Path(target).write_bytes(b"images"),

@@ -260,6 +260,7 @@ def check_workers_needed(workers_needed):
         (3000, 0.01, 0.0003),
         (50, 0.001, 0.0),
         (500, 0.004, 0.0),
+        (100, 0.0, 0.0),  # nothing to wait for, nothing to do: still one worker
     ]
     for target, latency, seconds_per_sample in cases:
         got = workers_needed(target, latency, seconds_per_sample)
@@ -281,6 +282,11 @@ def check_workers_needed(workers_needed):
             hint = (
                 "include the work time, seconds_per_sample: a worker that decodes is not waiting "
                 "for the next sample."
+            )
+        elif got == 0:
+            hint = (
+                "the docstring asks for at least 1: with no latency and no work the formula "
+                "gives 0 workers."
             )
         elif got == expected - 1:
             hint = "round up, not down: one worker short misses the target."
@@ -362,10 +368,17 @@ def check_pack_zip(pack_zip, root):
                     raise CheckFailed(
                         f"{name} differs from {sample['path']}: store the file's bytes unchanged."
                     )
-                if labels.get(sample["key"]) != sample["label"]:
+                label = labels.get(sample["key"])
+                if label != sample["label"]:
                     raise CheckFailed(
-                        f"labels.json gives {labels.get(sample['key'])!r} for key {sample['key']}, "
-                        f"the manifest says {sample['label']}."
+                        f"labels.json gives {label!r} for key {sample['key']}, the manifest says "
+                        f"{sample['label']}."
+                    )
+                if not isinstance(label, int) or isinstance(label, bool):
+                    raise CheckFailed(
+                        f"labels.json gives {label!r} for key {sample['key']}, a "
+                        f"{type(label).__name__}: a class number is an int, and a loss such as "
+                        "cross_entropy refuses float labels. Store the manifest's label as it is."
                     )
         # ZIP timestamps have 2-second resolution: let a clock-stamped archive show itself
         time.sleep(2.1)
