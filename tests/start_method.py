@@ -12,13 +12,16 @@ then starts in milliseconds instead of spending about 1.5 s of CPU importing the
 `make test` short. What a worker must receive by pickle is the same either way.
 
 ``$PACKDATA_MOST_WORKERS``, when set, caps the workers of every ``DataLoader`` (a ``WebLoader``
-makes one) that starts them by the default method: the spawn run sets it to 1, so that each such
-loader still starts a spawned worker, which must unpickle what it is sent, but only one.
+makes one) and torchdata ``StatefulDataLoader`` that starts them by the default method: the spawn
+run sets it to 1, so that each such loader still starts a spawned worker, which must unpickle what
+it is sent, but only one. A loader that names its start method keeps its workers (lesson 3's
+``fork`` race needs four).
 """
 
 
 def start():
     """Set the start method; cap the workers when ``$PACKDATA_MOST_WORKERS`` says so."""
+    import functools
     import multiprocessing
     import os
 
@@ -26,26 +29,27 @@ def start():
     multiprocessing.set_start_method(method)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(["torch", "torchvision"])
-    if os.environ.get("PACKDATA_MOST_WORKERS"):
-        cap_workers(int(os.environ["PACKDATA_MOST_WORKERS"]))
-
-
-def cap_workers(most):
-    """Every ``DataLoader`` made from now on without a start method of its own starts at most
-    ``most`` workers (one that names its method, such as lesson 3's ``fork`` race, keeps them)."""
-    import functools
+    if not os.environ.get("PACKDATA_MOST_WORKERS"):
+        return
+    most = int(os.environ["PACKDATA_MOST_WORKERS"])
+    if most < 1:
+        raise ValueError(f"PACKDATA_MOST_WORKERS must be at least 1, got {most}")
 
     from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader  # an __init__ of its own
 
-    made = DataLoader.__init__
+    def capped(made):
+        @functools.wraps(made)
+        def init(self, *args, **kwargs):
+            made(self, *args, **kwargs)
+            if self.multiprocessing_context is None:
+                self.num_workers = min(self.num_workers, most)
 
-    @functools.wraps(made)
-    def capped(self, *args, num_workers=0, **kwargs):
-        if kwargs.get("multiprocessing_context") is None:
-            num_workers = min(num_workers, most)
-        made(self, *args, num_workers=num_workers, **kwargs)
+        return init
 
-    DataLoader.__init__ = capped
+    for loader in (DataLoader, StatefulDataLoader):
+        loader.__init__ = capped(loader.__init__)
 
 
 start()
+del start  # IPython runs this file in the notebook's namespace: leave nothing there

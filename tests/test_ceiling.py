@@ -4,6 +4,7 @@ import multiprocessing
 import operator
 import os
 import signal
+import time
 from functools import partial
 
 import pytest
@@ -73,6 +74,23 @@ def test_ctrl_c_ends_the_processes_quietly_and_the_next_calls_start_new_ones(cap
     assert run() == 4
     run.close()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def fail_first_else_wait(index):
+    """Work whose index 0 fails at once while the others take a minute."""
+    if index == 0:
+        raise ValueError("index 0")
+    time.sleep(60)
+
+
+def test_a_failed_call_stops_the_busy_processes_at_once():
+    run = ceiling.PlainProcesses(fail_first_else_wait, 2, 2, context="fork")
+    children = list(run.children)
+    with pytest.raises(RuntimeError, match="plain process 0 of 2 failed"):
+        run()
+    # the busy one was not waited for: both stopped, and the next call would start new ones
+    assert [child.exitcode for child in children] == [-signal.SIGTERM] * 2
+    assert run.children == []
 
 
 def test_no_processes_is_refused():

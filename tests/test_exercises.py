@@ -971,6 +971,12 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             lambda t, lat, s: math.ceil(t * (lat + s)),
             "the docstring asks for at least 1",
         ),
+        (
+            "check_workers_needed",
+            lambda t, lat, s: max(1, math.ceil(t / (1 / (lat + s)))),
+            "divided by zero: with no latency and no work",
+        ),
+        ("check_workers_needed", lambda t, lat, s: math.ceil(t * lat), "include the work time"),
         ("check_pack_zip", pack_labels_as_a_list, "labels.json holds a list"),
         ("check_pack_zip", pack_labels_as_floats, "a float: a class number is an int"),
         (
@@ -1088,8 +1094,9 @@ def stream_class(mistake=None):
                 index = rng.randrange(self.buffer_size)
                 yield buffer[index]
                 buffer[index] = sample
-            rng.shuffle(buffer)
-            yield from buffer
+            if mistake != "buffer kept":
+                rng.shuffle(buffer)
+                yield from buffer
 
     return Stream
 
@@ -1109,6 +1116,7 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("no buffer", "shuffle buffer is not mixing"),
         ("ranks overlap", "the ranks' parts overlap"),
         ("last shard lost", "No sample of 1 shard(s) arrived (train-"),
+        ("buffer kept", "the buffer still holds samples to give"),
         ("seed ignored", "mix self.seed"),
         ("seed plus epoch", "seed + epoch makes them collide"),
         ("unseeded buffer", "the same seed and epoch streamed another order"),

@@ -37,7 +37,7 @@ LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
 SHORTER_UNDER_SPAWN = [
     ("*", r"rounds=3\b", "rounds=2"),
     ("08_*", r"missing := localslurm\.missing_programs\(\)", 'missing := ["slurmctld"]'),
-    ("01_*", r"worker_counts = 5, \[0, 1, 2, 4, 8, 16\]", "worker_counts = 5, [0, 1, 4]"),
+    ("01_*", r"worker_counts = 5, \[0, 1, 2, 4, 8, 16\]", "worker_counts = 5, [0, 1]"),
     ("01_*", r"min\((500|400)(?=, len\((photo_train|dataset)\)\))", "min(100"),
     ("03_*", r"(first\(.*), 500\)", r"\1, 100)"),
     ("06_*", r"else min\(200, n_objects\)", "else min(50, n_objects)"),

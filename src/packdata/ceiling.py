@@ -41,8 +41,9 @@ def serve(connection, work, indices):
     torch.set_num_threads(1)  # as in a DataLoader worker
     connection.send("ready")
     # Ctrl-C, or a kernel that stops its children, ends it without a traceback, as it does a
-    # DataLoader worker: the parent reports what matters
-    with contextlib.suppress(KeyboardInterrupt):
+    # DataLoader worker, and so does a parent gone before the answer: the parent reports what
+    # matters
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
         while connection.recv() is not None:
             try:
                 for index in indices:
@@ -61,6 +62,7 @@ class PlainProcesses:
     object's end. ``work`` must pickle
     under ``spawn`` and ``forkserver``: a function or class of a module, or a method of a picklable
     object such as a dataset's ``__getitem__``. ``context``: a start method's name, or the default.
+    A call that fails or is interrupted stops the processes, and the next call starts new ones.
     """
 
     def __init__(self, work, count, processes, context=None):
@@ -68,12 +70,14 @@ class PlainProcesses:
             raise ValueError(f"a ceiling needs at least 1 process, got {processes}")
         self.work, self.count, self.processes = work, count, processes
         self.context = multiprocessing.get_context(context)
-        self.connections, self._closer = [], None
-        self.start()
+        self.connections, self.children, self._closer = [], [], None
+        self._guarded(self.start)
 
     def start(self):
-        """Start the processes, each with its share of the indices."""
-        children = []
+        """Start the processes, each with its share of the indices; return when all are ready."""
+        self.connections, self.children = [], []
+        # registered first, so that it also stops those started before an interruption
+        self._closer = Finalize(self, stop, args=(self.connections, self.children), exitpriority=10)
         for part in range(self.processes):
             parent_end, child_end = self.context.Pipe()
             indices = range(part, self.count, self.processes)
@@ -83,25 +87,33 @@ class PlainProcesses:
             child.start()
             child_end.close()  # the parent keeps its end only: a dead child then reads as EOF
             self.connections.append(parent_end)
-            children.append(child)
-        self._closer = Finalize(self, stop, args=(self.connections, children), exitpriority=10)
+            self.children.append(child)
         self.answers()
 
     def __call__(self):
+        return self._guarded(self._run)
+
+    def _run(self):
         if not self.connections:
             self.start()
+        for part, connection in enumerate(self.connections):
+            try:
+                connection.send(True)
+            except OSError:
+                raise self._died(part) from None
+        return sum(self.answers())
+
+    def _guarded(self, action):
+        """``action()``; when it fails or is interrupted, the processes stop at once (they may be
+        busy with their share) and the error goes on."""
         try:
-            for part, connection in enumerate(self.connections):
-                try:
-                    connection.send(True)
-                except OSError:
-                    raise self.died(part) from None
-            return sum(self.answers())
+            return action()
         except BaseException:
-            self.close()  # interrupted, or a process is gone: the next call starts new ones
+            self.close(wait=False)
             raise
 
-    def died(self, part):
+    def _died(self, part):
+        """The error for process ``part``, found gone."""
         return RuntimeError(f"plain process {part} of {self.processes} died")
 
     def answers(self):
@@ -111,17 +123,21 @@ class PlainProcesses:
             try:
                 answer = connection.recv()
             except EOFError:
-                raise self.died(part) from None
+                raise self._died(part) from None
             if isinstance(answer, str) and answer != "ready":
                 raise RuntimeError(f"plain process {part} of {self.processes} failed:\n{answer}")
             found.append(answer)
         return found
 
-    def close(self):
-        """Stop the processes; the next call starts new ones."""
+    def close(self, wait=True):
+        """Stop the processes: each when its share is done, or at once unless ``wait``; the next
+        call starts new ones."""
+        if not wait:
+            for child in self.children:
+                child.terminate()
         if self._closer:
             self._closer()
-        self.connections, self._closer = [], None
+        self.connections, self.children, self._closer = [], [], None
 
 
 def stop(connections, children):

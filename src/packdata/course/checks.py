@@ -260,15 +260,21 @@ def check_workers_needed(workers_needed):
         (3000, 0.01, 0.0003),
         (50, 0.001, 0.0),
         (500, 0.004, 0.0),
-        (100, 0.0, 0.0),  # nothing to wait for, nothing to do: still one worker
+        (100, 0.0, 0.0),  # last (the work-time hint leaves it out): nothing to wait for or do
     ]
     for target, latency, seconds_per_sample in cases:
-        got = workers_needed(target, latency, seconds_per_sample)
+        call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
+        try:
+            got = workers_needed(target, latency, seconds_per_sample)
+        except ZeroDivisionError:
+            raise CheckFailed(
+                f"{call} divided by zero: with no latency and no work, one worker takes no time "
+                "per sample, and the docstring still asks for at least 1 worker."
+            ) from None
         expected = reference(target, latency, seconds_per_sample)
         whole = isinstance(got, numbers.Integral) and not isinstance(got, bool)
         if got == expected and whole:
             continue
-        call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
         if got == expected:
             raise CheckFailed(
                 f"{call} returned {got!r}, a {type(got).__name__}: the number is right; return "
@@ -278,7 +284,7 @@ def check_workers_needed(workers_needed):
             hint = (
                 "a number of workers is a whole number: round up with math.ceil and return an int."
             )
-        elif all(workers_needed(t, lat, s) == reference(t, lat, 0) for t, lat, s in cases):
+        elif all(workers_needed(t, lat, s) == reference(t, lat, 0) for t, lat, s in cases[:-1]):
             hint = (
                 "include the work time, seconds_per_sample: a worker that decodes is not waiting "
                 "for the next sample."
@@ -377,8 +383,8 @@ def check_pack_zip(pack_zip, root):
                 if not isinstance(label, int) or isinstance(label, bool):
                     raise CheckFailed(
                         f"labels.json gives {label!r} for key {sample['key']}, a "
-                        f"{type(label).__name__}: a class number is an int, and a loss such as "
-                        "cross_entropy refuses float labels. Store the manifest's label as it is."
+                        f"{type(label).__name__}: a class number is an int, which a loss such as "
+                        "cross_entropy needs. Store the manifest's label as it is."
                     )
         # ZIP timestamps have 2-second resolution: let a clock-stamped archive show itself
         time.sleep(2.1)
@@ -1487,23 +1493,29 @@ def _shard_neighbours(keys, shards, window=3):
 
 
 def _alone_explained(alone, shards, expected):
-    """Why one rank without workers did not stream every sample once: shards it never read, or
-    else where to start looking."""
+    """Why one rank without workers did not stream every sample once: shards it never read while
+    it read the others whole, or else where to start looking."""
     from ..shardread import iter_shard_samples
 
-    arrived = set(alone)
-    shard_of = {sample["__key__"]: sample["__url__"] for sample in iter_shard_samples(shards)}
-    unread = sorted(set(shard_of.values()) - {shard_of.get(key) for key in arrived})
+    arrived, keys_of = set(alone), {}
+    for sample in iter_shard_samples(shards):
+        keys_of.setdefault(sample["__url__"], set()).add(sample["__key__"])
+    unread = sorted(shard for shard, keys in keys_of.items() if not keys & arrived)
+    whole = all(keys <= arrived for keys in keys_of.values() if keys & arrived)
     counts = (
         f"one rank, no workers: {len(alone)} items, {len(arrived)} distinct, of {expected} samples."
     )
-    if unread:
+    if arrived and unread and whole and len(alone) == len(arrived):
         first = unread[0].rsplit("/", 1)[-1]
         return (
-            f"{counts} No sample of {len(unread)} shard(s) arrived ({first} first): rank 0 of 1 "
-            "must read every shard. Look at where your slices start and end."
+            f"{counts} No sample of {len(unread)} shard(s) arrived ({first} first), the others "
+            "arrived whole: rank 0 of 1, worker 0 of 1, must read every shard. Look at where "
+            "your slices start and end."
         )
-    return f"{counts} Start there: with no workers, get_worker_info() is None (worker 0 of 1)."
+    return (
+        f"{counts} Start there: with no workers, get_worker_info() is None (worker 0 of 1); and "
+        "when the shards run out, the buffer still holds samples to give."
+    )
 
 
 def _check_stream_seeding(stream_class, shards, alone):
