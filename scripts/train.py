@@ -13,6 +13,7 @@ has a GPU of its own, else gloo on CPU.
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -131,4 +132,10 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # A rank runs threads of torch.distributed's; a DataLoader worker forked from it can hang for
+    # good on a lock one of them held at that moment (it happened here, under load; Python 3.12
+    # warns of it, and 3.14 no longer forks by default). forkserver workers fork from a server that
+    # has no threads.
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        multiprocessing.set_start_method("forkserver")
     main()

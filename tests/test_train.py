@@ -78,7 +78,11 @@ def test_torchrun_splits_shards_per_rank_with_equal_steps(shard_paths, tmp_path)
         "--report",
         str(tmp_path),
     ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as stuck:  # say where it hung: what the ranks printed
+        printed = b"\n".join(out or b"" for out in (stuck.stdout, stuck.stderr))  # bytes, always
+        pytest.fail(f"torchrun hung for {stuck.timeout} s:\n{printed.decode(errors='replace')}")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rank 0: test accuracy" in run.stdout
     reports = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
