@@ -188,22 +188,21 @@ def pack_zip_right(
             z.writestr(stamp("labels.json"), json.dumps({s["key"]: s["label"] for s in samples}))
 
 
-def pack_labels_as_a_list(root, target):
+def pack_with_labels(root, target, labels_json):
+    """The JPEGs of ``root`` in a ZIP, with ``labels_json(samples)`` as its labels.json."""
     samples = imagefolder.load_manifest(root)["samples"]
     with zipfile.ZipFile(target, "w") as z:
         for s in samples:
             z.writestr(fixed_time(f"{s['key']}.jpg"), (Path(root) / s["path"]).read_bytes())
-        z.writestr(fixed_time("labels.json"), json.dumps([s["label"] for s in samples]))
+        z.writestr(fixed_time("labels.json"), json.dumps(labels_json(samples)))
+
+
+def pack_labels_as_a_list(root, target):
+    pack_with_labels(root, target, lambda samples: [s["label"] for s in samples])
 
 
 def pack_labels_as_floats(root, target):
-    samples = imagefolder.load_manifest(root)["samples"]
-    with zipfile.ZipFile(target, "w") as z:
-        for s in samples:
-            z.writestr(fixed_time(f"{s['key']}.jpg"), (Path(root) / s["path"]).read_bytes())
-        z.writestr(
-            fixed_time("labels.json"), json.dumps({s["key"]: float(s["label"]) for s in samples})
-        )
+    pack_with_labels(root, target, lambda samples: {s["key"]: float(s["label"]) for s in samples})
 
 
 def fixed_time(name):

@@ -162,7 +162,7 @@ def test_stateful_dataloader_resumes_the_same_order_exactly(urls, all_keys, num_
 
 
 def test_the_jobs_stream_resumes_exactly_in_spawned_workers(urls, all_keys):
-    # lesson 7 runs this loader; tests/test_lessons.py runs lesson 7 under forkserver only
+    # lesson 7's loader with its 2 workers: the lesson's spawn run in test_lessons.py starts one
     def loader():
         data = preemption.job_dataset(urls)
         return StatefulDataLoader(
