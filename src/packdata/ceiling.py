@@ -39,11 +39,11 @@ def serve(connection, work, indices):
     """A plain process: say it is ready, then on each message call ``work(i)`` for every index of
     its share and answer how many; an error is answered with its traceback. ``None`` ends it."""
     torch.set_num_threads(1)  # as in a DataLoader worker
-    connection.send("ready")
     # Ctrl-C, or a kernel that stops its children, ends it without a traceback, as it does a
     # DataLoader worker, and so does a parent gone before the answer: the parent reports what
-    # matters
+    # matters. "ready" is inside: the interrupt can land just after its bytes are written
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        connection.send("ready")
         while connection.recv() is not None:
             try:
                 for index in indices:
