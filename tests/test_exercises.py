@@ -795,6 +795,13 @@ def test_torchrun_runs_the_function_for_real_and_names_what_it_raised():
         checks.check_where_am_i(where_through_a_helper)
 
 
+def test_a_failed_torchrun_shows_what_its_processes_printed_not_its_own_traceback():
+    rank = "Traceback (most recent call last):\n  File where_am_i.py\nRuntimeError: gloo\n"
+    agent = "Traceback (most recent call last):\n  File run.py\nChildFailedError:\n"
+    assert checks._before_torchruns_traceback(rank + agent) == rank
+    assert checks._before_torchruns_traceback(agent) == agent  # nothing else to show
+
+
 CASES.update(
     {
         "check_shard_urls": (s3_case, urls_right, [urls_of_the_first_page, urls_for_an_hour]),

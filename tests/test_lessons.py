@@ -40,9 +40,16 @@ SHORTER_UNDER_SPAWN = [
     ("01_*", r"worker_counts = 5, \[0, 1, 2, 4, 8, 16\]", "worker_counts = 5, [0, 1]"),
     ("01_*", r"min\((500|400)(?=, len\((photo_train|dataset)\)\))", "min(100"),
     ("03_*", r"(first\(.*), 500\)", r"\1, 100)"),
-    ("06_*", r"else min\(200, n_objects\)", "else min(50, n_objects)"),
+    (
+        "06_*",
+        r"n_objects if (latency_ms < 10) else min\(200, n_objects\)",
+        r"min(200 if \1 else 50, n_objects)",
+    ),
     ("06_*", r"epochs=6,", "epochs=2,"),
-    ("06_*", r"for _ in range\(3\):", "for _ in range(2):"),
+    ("06_*", r"for (_|epoch) in range\(3\):", r"for \1 in range(2):"),
+    ("06_*", r"steps=30\)", "steps=10)"),
+    ("06_*", r"len\(keys\) // 40\)", "len(keys) // 10)"),
+    ("06_*", r'"--epochs", "2"', '"--epochs", "1"'),
     ("07_*", r"(compare_sources\(photo_shards, .*)rounds=2\)", r"\1rounds=1, cache_sizes=(0.5,))"),
 ]
 

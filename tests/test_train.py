@@ -54,6 +54,22 @@ def test_steps_and_samples_are_counted_and_capped(shard_paths):
     assert common_steps(60, 8) == 7  # outside a distributed job: this process's whole batches
 
 
+def run_torchrun(command, timeout):
+    """``command``'s run, as ``subprocess.run`` gives it; when it hangs, torchrun is stopped by
+    SIGTERM, which it passes on to its ranks (they run in sessions of their own, and a SIGKILL of
+    torchrun would leave them running), and the test fails with what the ranks printed."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as torchrun:
+        try:
+            out, err = torchrun.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            torchrun.terminate()
+            out, err = torchrun.communicate(timeout=60)
+            pytest.fail(f"torchrun hung for {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(command, torchrun.returncode, out, err)
+
+
 def test_torchrun_splits_shards_per_rank_with_equal_steps(shard_paths, tmp_path):
     # five training shards: three for one rank, two for the other
     train, test = shard_paths[:5], shard_paths[5]
@@ -78,11 +94,7 @@ def test_torchrun_splits_shards_per_rank_with_equal_steps(shard_paths, tmp_path)
         "--report",
         str(tmp_path),
     ]
-    try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired as stuck:  # say where it hung: what the ranks printed
-        printed = b"\n".join(out or b"" for out in (stuck.stdout, stuck.stderr))  # bytes, always
-        pytest.fail(f"torchrun hung for {stuck.timeout} s:\n{printed.decode(errors='replace')}")
+    run = run_torchrun(command, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rank 0: test accuracy" in run.stdout
     reports = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]

@@ -957,6 +957,13 @@ def _where_mistakes():
     ]
 
 
+def _before_torchruns_traceback(stderr):
+    """What the processes torchrun started printed: ``stderr`` up to torchrun's own traceback,
+    which comes last and only says that a process failed (all of it when there is nothing else)."""
+    own = stderr.rfind("Traceback (most recent call last)")
+    return stderr[:own] if own > 0 else stderr
+
+
 def _run_under_torchrun(where_am_i):
     """Write ``where_am_i`` into a script, run it with ``torchrun --standalone
     --nproc_per_node=2``, and return each process's ``{"got", "rank", "world_size"}``, the last two
@@ -1005,7 +1012,8 @@ def _run_under_torchrun(where_am_i):
         if run.returncode != 0:
             raise CheckFailed(
                 f"under torchrun --standalone --nproc_per_node=2 your function failed (exit "
-                f"status {run.returncode}); the end of what it printed:\n{run.stderr[-1500:]}"
+                f"status {run.returncode}); the end of what the processes printed:\n"
+                f"{_before_torchruns_traceback(run.stderr)[-1500:]}"
             )
         return [json.loads(answer.read_text()) for answer in sorted(Path(folder).glob("*.json"))]
 
