@@ -15,7 +15,8 @@ then starts in milliseconds instead of spending about 1.5 s of CPU importing the
 makes one) and torchdata ``StatefulDataLoader`` that starts them by the default method: the spawn
 run sets it to 1, so that each such loader still starts a spawned worker, which must unpickle what
 it is sent, but only one. A loader that names its start method keeps its workers (lesson 3's
-``fork`` race needs four).
+``fork`` race needs four). ``$PACKDATA_PROCESS_LOG``, when set, names a file that gets a line for
+each process started from the kernel: tests/test_lessons.py checks which lessons start none.
 """
 
 
@@ -29,6 +30,15 @@ def start():
     multiprocessing.set_start_method(method)
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(["torch", "torchvision"])
+    if os.environ.get("PACKDATA_PROCESS_LOG"):  # a line for each process started from here
+        log, starts = os.environ["PACKDATA_PROCESS_LOG"], multiprocessing.process.BaseProcess.start
+
+        def noted(self):
+            with open(log, "a") as file:
+                file.write(f"{type(self).__name__}\n")
+            starts(self)
+
+        multiprocessing.process.BaseProcess.start = noted
     if not os.environ.get("PACKDATA_MOST_WORKERS"):
         return
     most = int(os.environ["PACKDATA_MOST_WORKERS"])

@@ -9,7 +9,8 @@ which only the browser tests would mind).
 Start methods: `make test` points ``PYTHONSTARTUP`` at ``tests/start_method.py``, so every
 ``DataLoader``, ``WebLoader`` and ``Pool`` a lesson makes without a start method of its own starts
 its workers by ``forkserver``, the default on Linux from Python 3.14. Every lesson then runs once
-more with ``spawn``, the default on macOS and Windows, where each worker imports torch again (1.5
+more with ``spawn``, the default on macOS and Windows (those that start processes: the
+others would run as before), where each worker imports torch again (1.5
 to 3.5 s of CPU with torchvision). To keep that affordable, each loader that starts workers by
 the default method starts only one (``$PACKDATA_MOST_WORKERS``): it must still unpickle what it is
 sent. ``SHORTER_UNDER_SPAWN`` lists the other edits of that run: two rounds instead of three in
@@ -30,6 +31,11 @@ from packdata.course.slides import build_slides
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
+# the lessons that start no process from the kernel (no loader with workers, pool, ceiling): under
+# spawn they would run exactly as they do in the first run, so they run once (the first run checks
+# that they still start none)
+NO_WORKERS = ("00_welcome", "02_packing")
+WITH_WORKERS = [lesson for lesson in LESSONS if lesson.stem not in NO_WORKERS]
 # (lessons, pattern, replacement) for the spawn run: fewer rounds everywhere; fewer samples, epochs
 # and loaders in the measurements that take longest with one worker per loader; lesson 8's Slurm
 # cell takes the branch of a machine without Slurm, as on macOS (srun and torchrun start their own
@@ -45,6 +51,8 @@ SHORTER_UNDER_SPAWN = [
         r"n_objects if (latency_ms < 10) else min\(200, n_objects\)",
         r"min(200 if \1 else 50, n_objects)",
     ),
+    ("04_*", r"ProcessPoolExecutor\(4\)", "ProcessPoolExecutor(2)"),
+    ("04_*", r"(plain_runs\(work, len\(work\)|\"4 processes\"), processes=4", r"\1, processes=2"),
     ("06_*", r"epochs=6,", "epochs=2,"),
     ("06_*", r"for (_|epoch) in range\(3\):", r"for \1 in range(2):"),
     ("06_*", r"steps=30\)", "steps=10)"),
@@ -63,9 +71,18 @@ def copied(lesson, tmp_path, text=None):
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[path.stem for path in LESSONS])
-def test_lesson_runs(lesson, tmp_path):
+def test_lesson_runs(lesson, tmp_path, monkeypatch):
+    started = tmp_path / "processes.log"  # tests/start_method.py notes each process started
+    monkeypatch.setenv("PACKDATA_PROCESS_LOG", str(started))
     (deck,) = build_slides(copied(lesson, tmp_path), ROOT / "build" / "slides", execute=True)
     assert deck.stat().st_size > 0
+    if lesson.stem in NO_WORKERS:
+        assert not started.exists(), (
+            f"{lesson.stem} now starts processes ({started.read_text().split()}): take it out "
+            "of NO_WORKERS, so that it also runs under spawn"
+        )
+    else:
+        assert started.exists(), f"{lesson.stem} starts no process: add it to NO_WORKERS"
 
 
 def shorter_under_spawn(lesson):
@@ -78,7 +95,7 @@ def shorter_under_spawn(lesson):
     return text
 
 
-@pytest.mark.parametrize("lesson", LESSONS, ids=[path.stem for path in LESSONS])
+@pytest.mark.parametrize("lesson", WITH_WORKERS, ids=[path.stem for path in WITH_WORKERS])
 def test_lesson_runs_under_spawn(lesson, tmp_path, monkeypatch):
     monkeypatch.setenv("PACKDATA_START_METHOD", "spawn")
     monkeypatch.setenv("PACKDATA_MOST_WORKERS", "1")

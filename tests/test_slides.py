@@ -203,8 +203,10 @@ def test_deck_runs_offline(lesson, tmp_path):
     screenshot = ROOT / "build" / "slides" / f"{lesson.stem}.png"
     screenshot.parent.mkdir(parents=True, exist_ok=True)
     try:
-        dom = chromium(f"--log-net-log={net_log}", "--dump-dom", url)
-        chromium(f"--screenshot={screenshot}", "--window-size=1280,720", url)
+        dom = chromium(
+            f"--log-net-log={net_log}", "--dump-dom", f"--screenshot={screenshot}",
+            "--window-size={},{}".format(*SCREEN), url,
+        )  # fmt: skip
     finally:
         server.shutdown()
         server.server_close()
