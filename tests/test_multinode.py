@@ -1,14 +1,19 @@
 """Two torchrun launches on loopback, --nnodes=2 and a c10d rendezvous (packdata.multinode), train
-scripts/train.py together: ranks numbered across nodes, own shards per rank, equal steps."""
+scripts/train.py together: ranks numbered across nodes, own shards per rank, equal steps. A launch
+that hangs is stopped with its ranks."""
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from packdata import shardread, shardwrite
-from packdata.multinode import launch_nodes
+from packdata.multinode import launch_nodes, stop
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
@@ -46,3 +51,31 @@ def test_two_nodes_of_two_ranks_train_together(shard_paths, tmp_path):
         assert len(set().union(*keys)) == sum(map(len, keys))  # no sample on two ranks
         shards = [{shard_of[key] for key in mine} for mine in keys]
         assert len(set().union(*shards)) == sum(map(len, shards))  # nor a shard
+
+
+HANG = """import os, sys, time
+open(os.path.join(sys.argv[1], os.environ["RANK"] + ".pid"), "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def rank_pids(folder):
+    """The process ids the ranks of HANG wrote so far."""
+    return [int(text) for path in folder.glob("*.pid") if (text := path.read_text())]
+
+
+def test_stopping_a_launch_stops_its_ranks(tmp_path):
+    (tmp_path / "hang.py").write_text(HANG)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command = [*torchrun, "--nproc_per_node=2", tmp_path / "hang.py", tmp_path]
+    launch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(600):  # both ranks running: at most a minute
+        if len(pids := rank_pids(tmp_path)) == 2:
+            break
+        time.sleep(0.1)
+    assert len(pids) == 2, stop(launch)[0]
+    stop(launch)
+    assert launch.returncode is not None
+    for pid in pids:  # torchrun waited for its ranks: they are gone, not orphaned
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

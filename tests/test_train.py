@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from packdata import shardread, shardwrite
+from packdata.multinode import stop
 from packdata.streaming import ShardDataset
 from packdata.train import SmallCNN, common_steps, evaluate, train_epoch
 
@@ -55,18 +56,15 @@ def test_steps_and_samples_are_counted_and_capped(shard_paths):
 
 
 def run_torchrun(command, timeout):
-    """``command``'s run, as ``subprocess.run`` gives it; when it hangs, torchrun is stopped by
-    SIGTERM, which it passes on to its ranks (they run in sessions of their own, and a SIGKILL of
-    torchrun would leave them running), and the test fails with what the ranks printed."""
+    """``command``'s run, as ``subprocess.run`` gives it; when it hangs, torchrun and its ranks
+    are stopped and the test fails with what the ranks printed."""
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as torchrun:
         try:
             out, err = torchrun.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            torchrun.terminate()
-            out, err = torchrun.communicate(timeout=60)
-            pytest.fail(f"torchrun hung for {timeout} s:\n{out}\n{err}")
+            pytest.fail("torchrun hung for {} s:\n{}\n{}".format(timeout, *stop(torchrun)))
     return subprocess.CompletedProcess(command, torchrun.returncode, out, err)
 
 

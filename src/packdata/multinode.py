@@ -53,8 +53,8 @@ def torchrun_command(arguments, nodes, procs_per_node, endpoint, run_id, host):
 def launch_nodes(arguments, nodes=2, procs_per_node=1, timeout=300, env=None):
     """Run the script and arguments ``arguments`` on ``nodes`` torchrun launches of
     ``procs_per_node`` ranks each, meeting at a free port of 127.0.0.1; wait for all of them and
-    return a ``NodeRun`` per launch. Launches still running after ``timeout`` s are killed (their
-    output so far is kept; their status is then negative)."""
+    return a ``NodeRun`` per launch. Launches still running after ``timeout`` s are stopped, ranks
+    included (their output so far is kept; their status is then not 0)."""
     endpoint, run_id = f"127.0.0.1:{free_port()}", f"packdata-{uuid.uuid4().hex[:8]}"
     # one thread per rank: the ranks share this machine's cores (and torchrun stops warning)
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -74,10 +74,31 @@ def launch_nodes(arguments, nodes=2, procs_per_node=1, timeout=300, env=None):
         try:
             output, _ = launch.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            launch.kill()
-            output, _ = launch.communicate()
+            output, _ = stop(launch)
         return NodeRun(node, launch.returncode, output)
 
     # each in a thread of its own: a launch whose pipe fills must not wait for another's end
     with ThreadPoolExecutor(nodes) as pool:
         return list(pool.map(collect, range(nodes)))
+
+
+def stop(launch):
+    """Stop the torchrun ``launch`` (a ``Popen`` with pipes) and the ranks it started; return what
+    ``communicate()`` gives. SIGTERM, which torchrun passes on to its ranks: they run in sessions of
+    their own, and a SIGKILL of torchrun would leave them running. SIGKILL after 30 s, and then
+    what it printed so far: ranks left running would keep its pipes open."""
+    launch.terminate()
+    try:
+        return launch.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        launch.kill()
+        launch.wait()  # its status: the pipes may stay open
+    try:
+        return launch.communicate(timeout=5)
+    except subprocess.TimeoutExpired as stuck:
+        return tuple(_text(output) for output in (stuck.stdout, stuck.stderr))
+
+
+def _text(output):
+    """What a cut-short ``communicate()`` kept (bytes, text or None), as text."""
+    return output if isinstance(output, str) else (output or b"").decode(errors="replace")

@@ -976,6 +976,8 @@ def _run_under_torchrun(where_am_i):
     import textwrap
     from pathlib import Path
 
+    from .. import multinode
+
     try:
         source = textwrap.dedent(inspect.getsource(where_am_i))
     except (OSError, TypeError) as error:
@@ -1003,17 +1005,21 @@ def _run_under_torchrun(where_am_i):
         path = Path(folder) / "where_am_i.py"
         path.write_text(script)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        run = subprocess.run(
+        with subprocess.Popen(
             [*command, "--nproc_per_node=2", str(path), folder],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=300,
-        )
+        ) as run:
+            try:
+                _, printed = run.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                _, printed = multinode.stop(run)
         if run.returncode != 0:
             raise CheckFailed(
                 f"under torchrun --standalone --nproc_per_node=2 your function failed (exit "
                 f"status {run.returncode}); the end of what the processes printed:\n"
-                f"{_before_torchruns_traceback(run.stderr)[-1500:]}"
+                f"{_before_torchruns_traceback(printed)[-1500:]}"
             )
         return [json.loads(answer.read_text()) for answer in sorted(Path(folder).glob("*.json"))]
 
