@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from packdata import shardread, shardwrite
-from packdata.multinode import stop
+from packdata.multinode import finish
 from packdata.streaming import ShardDataset
 from packdata.train import SmallCNN, common_steps, evaluate, train_epoch
 
@@ -61,10 +61,9 @@ def run_torchrun(command, timeout):
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as torchrun:
-        try:
-            out, err = torchrun.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail("torchrun hung for {} s:\n{}\n{}".format(timeout, *stop(torchrun)))
+        out, err, hung = finish(torchrun, timeout)
+    if hung:
+        pytest.fail(f"torchrun hung for {timeout} s:\n{out}\n{err}")
     return subprocess.CompletedProcess(command, torchrun.returncode, out, err)
 
 

@@ -71,15 +71,22 @@ def launch_nodes(arguments, nodes=2, procs_per_node=1, timeout=300, env=None):
 
     def collect(node):
         launch = launches[node]
-        try:
-            output, _ = launch.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            output, _ = stop(launch)
+        output, _, _ = finish(launch, timeout)
         return NodeRun(node, launch.returncode, output)
 
     # each in a thread of its own: a launch whose pipe fills must not wait for another's end
     with ThreadPoolExecutor(nodes) as pool:
         return list(pool.map(collect, range(nodes)))
+
+
+def finish(launch, timeout):
+    """``(stdout, stderr, hung)`` of the torchrun ``launch`` (a ``Popen`` with pipes): what
+    ``communicate()`` gives within ``timeout`` s; past it, ``hung`` is True and the launch is
+    stopped (``stop``), ranks included, with what it printed so far."""
+    try:
+        return (*launch.communicate(timeout=timeout), False)
+    except subprocess.TimeoutExpired:
+        return (*stop(launch), True)
 
 
 def stop(launch):

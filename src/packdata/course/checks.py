@@ -1011,10 +1011,7 @@ def _run_under_torchrun(where_am_i):
             stderr=subprocess.PIPE,
             text=True,
         ) as run:
-            try:
-                _, printed = run.communicate(timeout=300)
-            except subprocess.TimeoutExpired:
-                _, printed = multinode.stop(run)
+            _, printed, _ = multinode.finish(run, timeout=300)
         if run.returncode != 0:
             raise CheckFailed(
                 f"under torchrun --standalone --nproc_per_node=2 your function failed (exit "
