@@ -432,6 +432,19 @@ def test_a_bad_crc_names_the_zip_and_the_member(tiny_dataset, archives, tmp_path
         dataset[3]
 
 
+def test_bytes_read_in_the_wrong_place_give_a_short_error(archives, tmp_path):
+    source = archives / "jpeg.zip"
+    name = ZipDataset(source).paths[0]
+    header = zipfile.ZipFile(source).getinfo(name).header_offset
+    blob = bytearray(source.read_bytes())
+    blob[header + 26 : header + 28] = (60_000).to_bytes(2, "little")  # a name of 60,000 bytes
+    (tmp_path / "shifted.zip").write_bytes(bytes(blob))
+    with pytest.raises(zipfile.BadZipFile, match="and header b'") as error:
+        ZipDataset(tmp_path / "shifted.zip").read_member(name)
+    assert str(error.value).startswith(f"member '{name}' of ")
+    assert len(str(error.value)) < 500
+
+
 @pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
 def test_a_sample_missing_from_the_manifest_has_no_label(archives, tmp_path, kind):
     source = archives / f"jpeg.{kind}"

@@ -112,6 +112,14 @@ def member_of(archive, name):
     return f"member {name!r} of {archive}"
 
 
+def brief(message, limit=300):
+    """``message`` cut to ``limit`` characters: a reader's error can quote thousands of bytes it
+    read in the wrong place (``zipfile`` quotes a local header's whole file name)."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]} … ({len(message):,} characters in all)"
+
+
 def labels_by_key(manifest):
     """``{key: label}`` of an archive manifest written by ``packing``."""
     return {sample["key"]: sample["label"] for sample in manifest["samples"]}
@@ -184,7 +192,8 @@ class ZipDataset(EncodedImageDataset):
         try:
             return self.zip_file.read(name)
         except zipfile.BadZipFile as error:
-            raise zipfile.BadZipFile(f"{member_of(self.archive, name)}: {error}") from error
+            reason = brief(str(error))
+            raise zipfile.BadZipFile(f"{member_of(self.archive, name)}: {reason}") from error
 
     def read_bytes(self, index):
         return self.read_member(self.paths[index])
