@@ -50,7 +50,7 @@ SHORTER_UNDER_SPAWN = [
     ("03_*", r"(first\(.*), 500\)", r"\1, 100)"),
     (
         "06_*",
-        r"n_objects if (latency_ms < 10) else min\(200, n_objects\)",
+        r"n_objects if (latency_ms < 10) else min\(workers \* 64, n_objects\)",
         r"min(200 if \1 else 50, n_objects)",
     ),
     ("04_*", r"ProcessPoolExecutor\(4\)", "ProcessPoolExecutor(2)"),

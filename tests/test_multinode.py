@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from packdata import shardread, shardwrite
-from packdata.multinode import launch_nodes, stop
+from packdata.multinode import gpus_per_node, launch_nodes, stop
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
@@ -79,3 +79,17 @@ def test_stopping_a_launch_stops_its_ranks(tmp_path):
     for pid in pids:  # torchrun waited for its ranks: they are gone, not orphaned
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.parametrize(
+    "visible, nodes, procs, expected",
+    [
+        ("0,1,2,3", 2, 2, ["0,1", "2,3"]),
+        ("4,5", 2, 1, ["4", "5"]),
+        ("0,1", 2, 2, ["", ""]),  # two ranks would share a GPU: the CPU instead
+        ("", 2, 1, ["", ""]),
+    ],
+)
+def test_each_launch_sees_gpus_of_its_own_or_none(monkeypatch, visible, nodes, procs, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert gpus_per_node(nodes, procs) == expected

@@ -50,11 +50,25 @@ def torchrun_command(arguments, nodes, procs_per_node, endpoint, run_id, host):
     ]
 
 
+def gpus_per_node(nodes, procs_per_node):
+    """``CUDA_VISIBLE_DEVICES`` for each launch: GPUs of its own, as separate machines have, when
+    this machine has one for every rank of every launch; else none, and the ranks use the CPU
+    (launches that saw the same GPUs would put two ranks on one, which NCCL refuses)."""
+    import torch  # only here: the launches import it themselves
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(gpus) < nodes * procs_per_node:
+        return [""] * nodes
+    return [",".join(gpus[n * procs_per_node : (n + 1) * procs_per_node]) for n in range(nodes)]
+
+
 def launch_nodes(arguments, nodes=2, procs_per_node=1, timeout=300, env=None):
     """Run the script and arguments ``arguments`` on ``nodes`` torchrun launches of
     ``procs_per_node`` ranks each, meeting at a free port of 127.0.0.1; wait for all of them and
-    return a ``NodeRun`` per launch. Launches still running after ``timeout`` s are stopped, ranks
-    included (their output so far is kept; their status is then not 0)."""
+    return a ``NodeRun`` per launch. Each launch sees GPUs of its own, or none
+    (``gpus_per_node``). Launches still running after ``timeout`` s are stopped, ranks included
+    (their output so far is kept; their status is then not 0)."""
     endpoint, run_id = f"127.0.0.1:{free_port()}", f"packdata-{uuid.uuid4().hex[:8]}"
     # one thread per rank: the ranks share this machine's cores (and torchrun stops warning)
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -64,9 +78,9 @@ def launch_nodes(arguments, nodes=2, procs_per_node=1, timeout=300, env=None):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=env,
+            env={**env, "CUDA_VISIBLE_DEVICES": gpus},
         )
-        for node in range(nodes)
+        for node, gpus in enumerate(gpus_per_node(nodes, procs_per_node))
     ]
 
     def collect(node):
