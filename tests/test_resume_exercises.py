@@ -80,15 +80,31 @@ def test_each_mistake_is_named(shards, name, says):
         check_resumable_stream(mistake(name), shards)
 
 
-def answer(n, world_size, rank, epoch, drop_last=False):
+def padded(n, world_size, epoch, drop_last, pad=lambda order, missing: order[:missing]):
+    """DistributedSampler's permutation, cut or padded (by ``pad``) to a multiple of the ranks."""
     generator = torch.Generator()
     generator.manual_seed(epoch)
     order = torch.randperm(n, generator=generator).tolist()
     per_rank = n // world_size if drop_last else -(-n // world_size)
     total = per_rank * world_size
     while len(order) < total:
-        order += order[: total - len(order)]
-    return order[:total][rank::world_size]
+        order += pad(order, total - len(order))
+    return order[:total]
+
+
+def answer(n, world_size, rank, epoch, drop_last=False):
+    return padded(n, world_size, epoch, drop_last)[rank::world_size]
+
+
+def in_blocks(n, world_size, rank, epoch, drop_last=False):
+    order = padded(n, world_size, epoch, drop_last)
+    per_rank = len(order) // world_size
+    return order[rank * per_rank : (rank + 1) * per_rank]
+
+
+def padded_with_the_end(n, world_size, rank, epoch, drop_last=False):
+    repeat_last = lambda order, missing: order[-1:] * missing  # noqa: E731
+    return padded(n, world_size, epoch, drop_last, repeat_last)[rank::world_size]
 
 
 def test_the_index_answer_passes(capsys):
@@ -102,6 +118,8 @@ def test_the_index_answer_passes(capsys):
         (lambda n, w, r, e, d=False: answer(n, w, r, e, d)[::-1], "another order"),
         (lambda n, w, r, e, d=False: list(range(n))[r::w], "not shuffled"),
         (lambda n, w, r, e, d=False: list(range(r, n, w)) and answer(n, w, r, 0, d), "other"),
+        (in_blocks, r"a block of the permutation .* permutation\[rank::world_size\]"),
+        (padded_with_the_end, "the padding is not torch's: DistributedSampler pads with its start"),
     ],
 )
 def test_index_mistakes_are_named(wrong, says):

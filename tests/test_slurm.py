@@ -141,3 +141,15 @@ def test_the_exercise_check_names_the_usual_mistakes():
             slurm_checks.check_torch_env(
                 lambda slurm, name=name, used=used: {**right(slurm), name: slurm[used]}
             )
+    # one task per GPU: the node's GPU count is its number of ranks too
+    slurm_checks.check_torch_env(
+        lambda slurm: {**right(slurm), "LOCAL_WORLD_SIZE": slurm["SLURM_GPUS_ON_NODE"]}
+    )
+    with pytest.raises(slurm_checks.CheckFailed, match="read 'SLURM_GPUS_PER_NODE', which Slurm"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {**right(slurm), "X": slurm["SLURM_GPUS_PER_NODE"]}
+        )
+    with pytest.raises(slurm_checks.CheckFailed, match="SLURM_TASKS_PER_NODE is '3\\(x2\\)'"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {**right(slurm), "LOCAL_WORLD_SIZE": int(slurm["SLURM_TASKS_PER_NODE"])}
+        )

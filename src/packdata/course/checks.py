@@ -1552,7 +1552,8 @@ def _check_stream_seeding(stream_class, shards, alone):
     if first_of_seed_1 == order(0, 1):
         raise CheckFailed(
             "seed=1's epoch 0 came in the order of seed=0's epoch 1: seed + epoch makes them "
-            'collide. Seed with the pair, f"{seed}:{epoch}" or [seed, epoch].'
+            'collide. Seed with the pair: random.Random(f"{seed}:{epoch}"), or '
+            "np.random.default_rng([seed, epoch])."
         )
 
 

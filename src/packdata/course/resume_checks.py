@@ -118,6 +118,18 @@ def _reference(n, world_size, rank, epoch, drop_last):
     return list(sampler)
 
 
+def _padded_permutation(n, world_size, epoch, drop_last):
+    """DistributedSampler's permutation of ``range(n)`` (seed 0), cut or padded to a multiple of
+    ``world_size``."""
+    import torch
+
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch)).tolist()
+    if drop_last:
+        return order[: n - n % world_size]
+    total = -(-n // world_size) * world_size
+    return (order * -(-total // n))[:total]
+
+
 def _index_problem(got, want, case):
     """What ``got`` (the learner's indices) gets wrong against ``want`` (torch's), in words."""
     n, world_size, rank, epoch, drop_last = case
@@ -133,6 +145,16 @@ def _index_problem(got, want, case):
             "the right indices in another order: ranks take every world_size-th index of the "
             "permutation, starting at their rank"
         )
+    per_rank, padded = len(want), _padded_permutation(n, world_size, epoch, drop_last)
+    if got == padded[rank * per_rank : (rank + 1) * per_rank]:
+        return (
+            "a block of the permutation for each rank: DistributedSampler deals the indices out "
+            "in turn, permutation[rank::world_size]"
+        )
+    from_permutation = [j for j in range(per_rank) if rank + j * world_size < n]
+    if all(got[j] == want[j] for j in from_permutation):
+        rule = "drops its end" if drop_last else "pads with its start"
+        return f"the right permutation, but the padding is not torch's: DistributedSampler {rule}"
     if got == list(range(rank, n, world_size))[: len(want)]:
         return "not shuffled: permute range(n) with a torch.Generator seeded by seed + epoch"
     return "other indices than torch's: the permutation is torch.randperm(n) seeded by seed + epoch"

@@ -43,8 +43,9 @@ CONFUSIONS = {
 
 
 def slurm_tasks():
-    """The environment of every task of ``srun --nodes=2 --ntasks-per-node=3`` (job 4242, on
-    nodes gpu07 and gpu08), as Slurm sets it: strings, node by node."""
+    """The environment of every task of ``srun --nodes=2 --ntasks-per-node=3 --gpus-per-node=3``
+    (job 4242, on nodes gpu07 and gpu08: a task per GPU), as Slurm sets it: strings, node by
+    node."""
     return [
         {
             "SLURM_JOB_ID": "4242",
@@ -54,6 +55,7 @@ def slurm_tasks():
             "SLURM_NTASKS_PER_NODE": str(TASKS_PER_NODE),
             "SLURM_TASKS_PER_NODE": f"{TASKS_PER_NODE}(x{NODES})",
             "SLURM_CPUS_PER_TASK": "4",
+            "SLURM_GPUS_ON_NODE": str(TASKS_PER_NODE),
             "SLURMD_NODENAME": f"gpu0{7 + node}",
             "SLURM_NODEID": str(node),
             "SLURM_LOCALID": str(local),
@@ -62,6 +64,24 @@ def slurm_tasks():
         for node in range(NODES)
         for local in range(TASKS_PER_NODE)
     ]
+
+
+def _answers(torch_env, tasks):
+    """``torch_env`` of every task; a variable it cannot read or a value it cannot convert is
+    named."""
+    try:
+        return [torch_env(dict(task)) for task in tasks]
+    except KeyError as error:
+        raise CheckFailed(
+            f"torch_env read {error}, which Slurm does not set for these tasks; it sets "
+            f"{', '.join(tasks[0])}."
+        ) from None
+    except ValueError as error:
+        raise CheckFailed(
+            f"torch_env raised ValueError ({error}): not every Slurm variable is a plain number: "
+            f"SLURM_TASKS_PER_NODE is {tasks[0]['SLURM_TASKS_PER_NODE']!r} (3 tasks on each of "
+            "2 nodes); SLURM_NTASKS_PER_NODE is the plain count."
+        ) from None
 
 
 def _values(answers, name):
@@ -89,7 +109,7 @@ def check_torch_env(torch_env):
     RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK, for every task of a job of two
     nodes with three tasks each."""
     tasks = slurm_tasks()
-    answers = [torch_env(dict(task)) for task in tasks]
+    answers = _answers(torch_env, tasks)
     for name, source in SOURCES.items():
         got = _values(answers, name)
         want = [int(task[source]) for task in tasks]
