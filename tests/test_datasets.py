@@ -455,6 +455,13 @@ def test_a_sample_missing_from_the_manifest_has_no_label(archives, tmp_path, kin
         ARCHIVE_DATASETS[kind][1](path)
 
 
+@pytest.mark.parametrize("kind", ARCHIVE_DATASETS)
+def test_a_sample_of_the_manifest_without_its_image_is_named(archives, tmp_path, kind):
+    path = rewritten(archives / f"jpeg.{kind}", tmp_path / f"t.{kind}", {"000005.jpg": None})
+    with pytest.raises(LookupError, match=f"{path}: 1 sample.* the first key '000005'"):
+        ARCHIVE_DATASETS[kind][1](path)
+
+
 def test_a_shard_sample_without_a_cls_member_has_no_label(archives, tmp_path):
     path = rewritten(
         archives / "jpeg.tar", tmp_path / "t.tar", {TAR_MANIFEST: None, "000004.cls": None}

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from .fields import image_field
 from .httpclient import FileChangedError, HttpClient, HttpRangeFile, file_etag, is_url
 from .imagefolder import load_manifest, samples_from_folders, samples_from_manifest
-from .images import check_decoder, decode_image
+from .images import ENCODED_IMAGES, check_decoder, decode_image
 from .layout import split_member
 from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest
 from .perprocess import PerProcessHandle
@@ -145,7 +145,21 @@ def rows_from_members(archive, sizes, labels, labels_from):
                 f"{member_of(archive, name)} has no label: nothing for key {key!r} in {labels_from}"
             )
         rows.append((name, labels[key], size))
+    _check_every_label_has_an_image(archive, samples, labels, labels_from, len(rows))
     return rows
+
+
+def _check_every_label_has_an_image(archive, samples, labels, labels_from, images):
+    """A sample that ``labels_from`` lists must not vanish for lack of an image member."""
+    if images == len(labels):
+        return
+    lost = sorted(key for key in labels if image_field(list(samples.get(key, {}))) is None)
+    members = sorted(samples.get(lost[0], {}))
+    raise LookupError(
+        f"{archive}: {len(lost)} sample(s) of {labels_from} have no image member to read, the "
+        f"first key {lost[0]!r} (its members: {', '.join(members) or 'none'}); images are "
+        f"{', '.join(sorted(ENCODED_IMAGES))} or npy"
+    )
 
 
 def open_zip(archive):
