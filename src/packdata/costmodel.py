@@ -38,14 +38,17 @@ def workers_needed(target_rate, latency, seconds_per_sample=0.0):
 
 def fit_cost_model(measurements):
     """``(latency, bandwidth)`` fitted by least squares to ``(requests, bytes, seconds)``
-    measurements.
+    measurements, on relative errors: each measurement divided by its seconds, so that the short
+    requests, which show the latency, count as much as the long transfers, whose noise alone
+    would outweigh them.
 
     The latency is per request as seen by the caller, i.e. already divided by any concurrency.
     """
     points = np.asarray(list(measurements), dtype=float)
     if points.ndim != 2 or points.shape[1] != 3 or len(points) < 2:
         raise ValueError("need at least two (requests, bytes, seconds) measurements")
-    (latency, seconds_per_byte), *_ = np.linalg.lstsq(points[:, :2], points[:, 2], rcond=None)
+    relative = points[:, :2] / points[:, 2:]
+    (latency, seconds_per_byte), *_ = np.linalg.lstsq(relative, np.ones(len(points)), rcond=None)
     if seconds_per_byte <= 0:
         raise ValueError(
             "the fit found no bandwidth limit: vary the byte counts more between measurements"
