@@ -67,6 +67,19 @@ def test_stub_raises_not_implemented_with_the_hint():
         namespace["area"](2, 3)
 
 
+def test_a_long_hint_goes_over_lines_that_fit_a_slide():
+    hint = "a hint " * 40 + "that ends here"
+    source, _ = exercises.strip_solutions(
+        f"def f():\n    ### HINT: {hint}\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION"
+    )
+    assert max(map(len, source.splitlines())) <= exercises.STUB_COLUMNS
+    namespace = {}
+    exec(source, namespace)
+    with pytest.raises(NotImplementedError) as raised:
+        namespace["f"]()
+    assert str(raised.value) == f"Your turn! Hint: {hint}"
+
+
 def test_hint_with_quotes_stays_valid_python():
     source, _ = exercises.strip_solutions(
         "### HINT: use \"bytes\" and 'str'\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION"

@@ -14,6 +14,7 @@ tags the cell ``raises-exception`` (so nbval expects the error), and drops cells
 ``solution-only`` (explanations of the answer).
 """
 
+import textwrap
 from pathlib import Path
 
 import jupytext
@@ -26,10 +27,23 @@ class ExerciseSourceError(ValueError):
     """A solution notebook whose markers do not pair up."""
 
 
+STUB_COLUMNS = 90  # as wide as a slide's code
+
+
 def make_stub(indent, hints):
-    """The line that stands where a solution was."""
-    hint = " ".join(hints) or "see the text above"
-    return f"{indent}raise NotImplementedError({'Your turn! Hint: ' + hint!r})"
+    """The line that stands where a solution was; a message too long for one line of
+    ``STUB_COLUMNS`` goes over several, as adjacent strings."""
+    message = "Your turn! Hint: " + (" ".join(hints) or "see the text above")
+    line = f"{indent}raise NotImplementedError({message!r})"
+    if len(line) <= STUB_COLUMNS:
+        return line
+    inner = indent + " " * 4
+    # the pieces keep their spaces, so that the strings join into the message exactly
+    pieces = textwrap.wrap(
+        message, STUB_COLUMNS - len(inner) - 4, drop_whitespace=False, break_long_words=False
+    )
+    strings = "".join(f"{inner}{piece!r}\n" for piece in pieces)
+    return f"{indent}raise NotImplementedError(\n{strings}{indent})"
 
 
 def strip_solutions(source, where="cell"):
