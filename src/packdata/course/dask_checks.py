@@ -180,16 +180,22 @@ def _stalled_task(task, source, target):
 
 def _killed_while_writing(task, source, target):
     """Run ``task(source, target)`` in a forked process and kill it (SIGKILL, as an engine does
-    with a lost worker) as soon as it creates any file under ``target``'s folder; there it stalls
-    at its next sample, so the kill finds it mid-write."""
+    with a lost worker) as soon as it creates a file in ``target``'s folder (there it stalls at its
+    next sample, so the kill finds it mid-write) or in tempfile's; return that folder (None when
+    the task ended first)."""
+    watched = (target.parent, Path(tempfile.gettempdir()))
+    before = {folder: set(folder.iterdir()) for folder in watched}
     child = multiprocessing.get_context("fork").Process(
         target=_stalled_task, args=(task, source, target)
     )
     child.start()
-    while child.is_alive() and not any(target.parent.iterdir()):
+    wrote_in = []
+    while child.is_alive() and not wrote_in:
+        wrote_in = [folder for folder in watched if set(folder.iterdir()) - before[folder]]
         time.sleep(0.0005)
     child.kill()
     child.join()
+    return wrote_in[0] if wrote_in else None
 
 
 def _holds(shard, keys):
@@ -207,7 +213,13 @@ def _check_kill(task, shards, folder):
     source = _long_shard(shards, folder / "long" / "train-000000.tar")
     target = folder / "out-killed" / "train-000000.tar"
     target.parent.mkdir()
-    _killed_while_writing(task, source, target)
+    if _killed_while_writing(task, source, target) == Path(tempfile.gettempdir()):
+        raise CheckFailed(
+            "the task made its temporary file in tempfile's own folder, not beside `target`: on "
+            "a cluster that is another file system (a node's /tmp, the shards on shared "
+            "storage), where os.replace fails and shutil.move copies, which a kill can cut "
+            "half-way. Make it in target's folder: tempfile.mkstemp(dir=target.parent)"
+        )
     expected = sorted(_samples([source]))
     if target.exists() and not _holds(target, expected):
         raise CheckFailed(
