@@ -79,15 +79,24 @@ def build_index(tar_path):
     return members
 
 
+def mismatch(stored, tar_size, tar_mtime_ns=None):
+    """Why a decoded index file does not describe a tar of this size (and mtime, unless None), in
+    words; None when it does."""
+    if not isinstance(stored, dict):
+        return "unreadable: not a JSON object"
+    if (stored.get("format"), stored.get("version")) != INDEX_FORMAT:
+        return f"unreadable: not an index of format {INDEX_FORMAT}"
+    if stored.get("tar_size") != tar_size:
+        return f"stale: it is of a tar of {stored.get('tar_size')} bytes, this one holds {tar_size}"
+    if tar_mtime_ns not in (None, stored.get("tar_mtime_ns")):
+        return "stale: the tar was modified after it was indexed (its mtime changed)"
+    return None
+
+
 def current_members(stored, tar_size, tar_mtime_ns=None):
     """The members of a decoded index file when it describes a tar of this size (and mtime, unless
     None), else None."""
-    if (
-        not isinstance(stored, dict)
-        or (stored.get("format"), stored.get("version")) != INDEX_FORMAT
-    ):
-        return None
-    if stored.get("tar_size") != tar_size or tar_mtime_ns not in (None, stored.get("tar_mtime_ns")):
+    if mismatch(stored, tar_size, tar_mtime_ns) is not None:
         return None
     return {name: tuple(span) for name, span in stored["members"].items()}
 
@@ -108,11 +117,7 @@ def load_index(tar_path, rebuild=True):
     if members is not None:
         return members
     if not rebuild:
-        state = (
-            "missing"
-            if stored is None
-            else "unreadable, or stale: the tar's size or mtime changed since"
-        )
+        state = "missing" if stored is None else mismatch(stored, stat.st_size, stat.st_mtime_ns)
         raise StaleIndexError(
             f"the index of {tar_path} is {state}; rebuild it with build_index({str(tar_path)!r})"
         )
