@@ -29,7 +29,7 @@ def shards(tmp_path_factory):
 class Stream(IterableDataset):
     """The worked answer, with switches for the mistakes learners make."""
 
-    update_after_yield = ignore_loaded = keep_history = no_reset = False
+    update_after_yield = ignore_loaded = keep_history = keep_shards = no_reset = False
 
     def __init__(self, shards):
         self.shards, self.shard, self.taken, self.seen = list(shards), 0, 0, []
@@ -51,6 +51,8 @@ class Stream(IterableDataset):
 
     def state_dict(self):
         state = {"shard": self.shard, "taken": self.taken}
+        if self.keep_shards:
+            state["shards"] = [str(shard) for shard in self.shards]
         return state | {"seen": self.seen} if self.keep_history else state
 
     def load_state_dict(self, state):
@@ -72,6 +74,7 @@ def test_the_answer_passes(shards, capsys):
         ("update_after_yield", "repeated"),
         ("ignore_loaded", "began the epoch again"),
         ("keep_history", "grows with what was read"),
+        ("keep_shards", "holds shard names"),
         ("no_reset", "back to the first sample"),
     ],
 )

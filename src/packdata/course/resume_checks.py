@@ -36,8 +36,9 @@ def _resumed(stream_class, shards, cut):
     return before, state.get("dataset_state"), _keys(second)
 
 
-def _state_problem(state, n_samples):
-    """Why a dataset state is not a checkpoint's: missing, not JSON, or growing with the epoch."""
+def _state_problem(state, n_samples, shards):
+    """Why a dataset state is not a checkpoint's: missing, not JSON, holding the shard list, or
+    growing with the epoch."""
     if state is None:
         return (
             "the loader saved no dataset state: give the class state_dict() and "
@@ -47,6 +48,11 @@ def _state_problem(state, n_samples):
         size = len(json.dumps(state))
     except TypeError as error:
         return f"state_dict() returned something JSON cannot hold ({error}): keep to ints and strs"
+    if any(str(shard) in json.dumps(state) for shard in shards):
+        return (
+            "state_dict() holds shard names: the dataset is built again with its shard list, so "
+            "keep only the place (a shard's number, how far into it)"
+        )
     if size > 200 or size > n_samples:
         return (
             f"state_dict() is {size} characters of JSON: it grows with what was read. Keep where "
@@ -88,7 +94,7 @@ def check_resumable_stream(stream_class, shards):
         raise CheckFailed(f"one epoch gave {len(whole)} items but {len(set(whole))} keys")
     for cut in sorted({1, n_batches // 3, n_batches // 2, n_batches - 1} - {0}):
         before, state, after = _resumed(stream_class, shards, cut)
-        problem = _state_problem(state, len(whole)) or _cut_problem(before, after, whole)
+        problem = _state_problem(state, len(whole), shards) or _cut_problem(before, after, whole)
         if problem:
             raise CheckFailed(f"checkpoint after batch {cut} of {n_batches}: {problem}.")
     loader = _loader(stream_class(shards))
