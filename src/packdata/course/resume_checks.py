@@ -45,10 +45,11 @@ def _state_problem(state, n_samples, shards):
             "load_state_dict(state); StatefulDataLoader calls them"
         )
     try:
-        size = len(json.dumps(state))
+        text = json.dumps(state)
     except TypeError as error:
         return f"state_dict() returned something JSON cannot hold ({error}): keep to ints and strs"
-    if any(str(shard) in json.dumps(state) for shard in shards):
+    size = len(text)
+    if any(str(shard) in text for shard in shards):
         return (
             "state_dict() holds shard names: the dataset is built again with its shard list, so "
             "keep only the place (a shard's number, how far into it)"
@@ -125,15 +126,10 @@ def _reference(n, world_size, rank, epoch, drop_last):
 
 
 def _padded_permutation(n, world_size, epoch, drop_last):
-    """DistributedSampler's permutation of ``range(n)`` (seed 0), cut or padded to a multiple of
-    ``world_size``."""
-    import torch
-
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch)).tolist()
-    if drop_last:
-        return order[: n - n % world_size]
-    total = -(-n // world_size) * world_size
-    return (order * -(-total // n))[:total]
+    """DistributedSampler's whole permutation, cut or padded to a multiple of ``world_size``: the
+    ranks' indices dealt back together (rank ``r`` holds every ``world_size``-th from ``r``)."""
+    ranks = [_reference(n, world_size, rank, epoch, drop_last) for rank in range(world_size)]
+    return [index for dealt in zip(*ranks) for index in dealt]
 
 
 def _index_problem(got, want, case):

@@ -79,8 +79,8 @@ def _answers(torch_env, tasks):
     except ValueError as error:
         raise CheckFailed(
             f"torch_env raised ValueError ({error}): not every Slurm variable is a plain number: "
-            f"SLURM_TASKS_PER_NODE is {tasks[0]['SLURM_TASKS_PER_NODE']!r} (3 tasks on each of "
-            "2 nodes); SLURM_NTASKS_PER_NODE is the plain count."
+            f"SLURM_TASKS_PER_NODE is {tasks[0]['SLURM_TASKS_PER_NODE']!r} ({TASKS_PER_NODE} tasks "
+            f"on each of {NODES} nodes); SLURM_NTASKS_PER_NODE is the plain count."
         ) from None
 
 
