@@ -39,12 +39,14 @@ WITH_WORKERS = [lesson for lesson in LESSONS if lesson.stem not in NO_WORKERS]
 # (lessons, pattern, replacement) for the spawn run: fewer rounds everywhere; fewer samples, epochs
 # and loaders in the measurements that take longest with one worker per loader; lesson 8's Slurm
 # cell takes the branch of a machine without Slurm, as on macOS, and its two torchrun nodes do not
-# start (srun and torchrun start their own processes, whatever the kernel's start method, and
-# scripts/train.py picks its workers' own: the first run covers them)
+# start, nor does lesson 6's torchrun (a `python -c pass` stands in): srun and torchrun start their
+# own processes, whatever the kernel's start method, and scripts/train.py picks its workers' own,
+# so the first run covers them
 SHORTER_UNDER_SPAWN = [
     ("*", r"rounds=3\b", "rounds=2"),
     ("08_*", r"missing := localslurm\.missing_programs\(\)", 'missing := ["slurmctld"]'),
     ("08_*", r"nodes = launch_nodes\(", "nodes = [] and launch_nodes("),
+    ("06_*", r'"-m", "torch\.distributed\.run",', '"-c", "pass",'),
     ("01_*", r"worker_counts = 5, \[0, 1, 2, 4, 8, 16\]", "worker_counts = 5, [0, 1]"),
     ("01_*", r"min\((500|400)(?=, len\((photo_train|dataset)\)\))", "min(100"),
     ("03_*", r"(first\(.*), 500\)", r"\1, 100)"),

@@ -64,10 +64,6 @@ class RankAudit:
         read = {index for indices in self.per_rank for index in indices}
         return [index for index in range(self.size) if index not in read]
 
-    @property
-    def exactly_once(self):
-        return not self.duplicates and not self.missing
-
     def __str__(self):
         lengths = sorted({len(indices) for indices in self.per_rank})
         per_rank = " or ".join(map(str, lengths))
