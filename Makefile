@@ -21,7 +21,7 @@ SOURCES = $(wildcard $(addsuffix /[0-9][0-9]_*.md,$(LESSON_DIRS)))
 .PHONY: help setup lab test check-install lint hooks data notebooks exercises exercises-check slides schedule bench bench-quick clean clean-data
 
 help:  ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/; s/\$$\$$/$$/g' | expand -t 18
 
 $(INSTALLED): requirements.txt pyproject.toml
 	@test -x $(VENV)/bin/pip || { $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \

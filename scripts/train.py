@@ -1,9 +1,11 @@
 """Train packdata's SmallCNN from tar shards in every process of a torchrun job, e.g. on one machine
 with two:
 
-    torchrun --standalone --nproc_per_node=2 scripts/train.py
+    torchrun --standalone --nproc_per_node=2 scripts/train.py \
     "http://127.0.0.1:8080/datasets/shapes/train-{000000..000008}.tar" \
         --test http://127.0.0.1:8080/datasets/shapes/train-000009.tar --epochs 2
+
+(with a store serving the shards there, as lesson 6 starts one; local shard paths need none).
 
 Each rank streams its own shards (``ShardDataset`` splits the list by rank, then by DataLoader
 worker), every rank runs the same number of steps (``common_steps``) so no gradient all-reduce waits

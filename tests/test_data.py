@@ -142,6 +142,15 @@ def test_defaults_without_environment_variables(monkeypatch):
     assert synthetic.default_root("small") == expected / "synthetic-small"
 
 
+def test_a_repository_data_folder_others_own_sends_each_user_home(monkeypatch, tmp_path):
+    # a course installed for every user of a hub, in a root-owned folder: the tests run as root,
+    # who may write anywhere, so the permission check answers as it would for a learner
+    monkeypatch.delenv("PACKDATA_DATA_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(imagefolder, "may_write", lambda folder: False)
+    assert imagefolder.data_dir() == tmp_path / ".cache" / "packdata"
+
+
 def test_classes_are_told_apart_by_a_trivial_feature():
     """Nearest class mean on a shift-invariant spectrum beats chance (10 %) by far; no network
     needed."""

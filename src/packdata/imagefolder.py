@@ -25,14 +25,20 @@ VERSION = 1
 
 
 def data_dir():
-    """``$PACKDATA_DATA_DIR``, else the repository's ``data/`` folder, else
-    ``~/.cache/packdata``."""
+    """``$PACKDATA_DATA_DIR``, else the repository's ``data/`` folder where this user may write to
+    it, else ``~/.cache/packdata``: a course installed once for all the users of a hub (in a
+    root-owned ``/srv/course``, say) leaves each learner a data folder of their own."""
     if os.environ.get("PACKDATA_DATA_DIR"):
         return Path(os.environ["PACKDATA_DATA_DIR"]).expanduser()
     repository_data = Path(__file__).resolve().parents[2] / "data"
-    if repository_data.is_dir():
+    if repository_data.is_dir() and may_write(repository_data):
         return repository_data
     return Path.home() / ".cache" / "packdata"
+
+
+def may_write(folder):
+    """Whether this process may create files in ``folder``."""
+    return os.access(folder, os.W_OK | os.X_OK)
 
 
 # --- manifests ------------------------------------------------------------------------------------
