@@ -16,6 +16,8 @@ DOCUMENTS = [
     *sorted(ROOT.glob("solutions/[0-9][0-9]_*.md")),
     ROOT / "README.md",
     ROOT / "INSTRUCTORS.md",
+    ROOT / "RECIPES.md",
+    ROOT / "HUB.md",
     ROOT / "data" / "README.md",
 ]
 CODE_BLOCK = re.compile(r"^```.*?$(.*?)^```", re.M | re.S)
