@@ -7,6 +7,7 @@ import shutil
 import tarfile
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -259,6 +260,13 @@ def test_archive_datasets_give_the_folder_samples(tiny_dataset, archives, kind, 
         assert torch.equal(image, folder[index][0]) and label == folder[index][1]
         if payload == "jpeg":
             assert dataset.read_bytes(index) == folder.read_bytes(index)
+
+
+def test_decode_image_asks_for_bytes_when_given_a_path(tiny_dataset):
+    path = next(Path(tiny_dataset).rglob("*.jpg"))
+    with pytest.raises(TypeError, match="an image file's bytes, not a PosixPath"):
+        decode_image(path)
+    assert decode_image(path.read_bytes()).dtype == torch.uint8
 
 
 def test_decode_image_reads_npy_arrays_and_refuses_other_shapes():

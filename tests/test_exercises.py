@@ -8,6 +8,7 @@ import random
 import re
 import tarfile
 import zipfile
+from collections import Counter
 from operator import methodcaller
 from pathlib import Path
 
@@ -216,6 +217,14 @@ def pack_labels_as_a_list(root, target):
 
 def pack_labels_as_floats(root, target):
     pack_with_labels(root, target, lambda samples: {s["key"]: float(s["label"]) for s in samples})
+
+
+def pack_labels_as_text(root, target):
+    pack_with_labels(root, target, lambda samples: {s["key"]: str(s["label"]) for s in samples})
+
+
+def pack_labels_by_path(root, target):
+    pack_with_labels(root, target, lambda samples: {s["path"]: s["label"] for s in samples})
 
 
 def fixed_time(name):
@@ -872,6 +881,13 @@ class OpenedEveryCall(PerProcessZip):
         return zipfile.ZipFile(self.archive)
 
 
+class OpenedAsAPlainFile(PerProcessZip):
+    def _get_file_handle(self):
+        if self._pid != os.getpid():
+            self._handle, self._pid = open(self.archive, "rb"), os.getpid()  # noqa: SIM115
+        return self._handle
+
+
 class OpenedEveryCallInWorkers(PerProcessZip):
     def __init__(self, archive):
         super().__init__(archive)
@@ -928,6 +944,16 @@ class RecipeArgumentsNotATuple(ZipDataset):
         return ZipDataset, self.archive  # the arguments must be a tuple: (self.archive,)
 
 
+class RecipeShiftedArguments(ZipDataset):
+    def __reduce__(self):
+        return ZipDataset, (self.archive, self.decoder)  # the decoder lands in transform
+
+
+class RecipeWithoutTransform(ZipDataset):
+    def __reduce__(self):
+        return ZipDataset, (self.archive,)
+
+
 def lesson3_case(check, impl, root):
     return check(impl, archive(root, "zip"), imagefolder.load_manifest(root))
 
@@ -937,7 +963,13 @@ CASES.update(
         "check_per_process_handle": (
             lesson3_case,
             PerProcessZip,
-            [InheritedZip, OpenedOnceWithoutPid, ReopenedWhenClosed, OpenedEveryCall],
+            [
+                InheritedZip,
+                OpenedOnceWithoutPid,
+                ReopenedWhenClosed,
+                OpenedEveryCall,
+                OpenedAsAPlainFile,
+            ],
         ),
         "check_worker_init_fn": (
             lesson3_case,
@@ -949,7 +981,13 @@ CASES.update(
                 impl(archive(root, "zip")), imagefolder.load_manifest(root)
             ),
             RecipeZip,
-            [RecipeWithTheHandle, RecipeOfTheHandle, RecipeArgumentsNotATuple],
+            [
+                RecipeWithTheHandle,
+                RecipeOfTheHandle,
+                RecipeArgumentsNotATuple,
+                RecipeShiftedArguments,
+                RecipeWithoutTransform,
+            ],
         ),
     }
 )
@@ -969,6 +1007,16 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             predict_with_a_shared_link,
             "paces each connection on its own",
         ),
+        (
+            "check_predict_epoch_seconds",
+            lambda n, m, lat, b, w: n * lat + n * m / (b * w),
+            "divide the latency term",
+        ),
+        (
+            "check_predict_epoch_seconds",
+            lambda n, m, lat, b, w: 1000 * n * (lat + m / b) / w,
+            "in milliseconds",
+        ),
         ("check_tar_index", tar_index_with_padded_names, "strip the NUL padding"),
         ("check_tar_index", tar_index_with_bytes_names, "names are bytes"),
         ("check_workers_needed", lambda t, lat, s: int(t * (lat + s)) + 1, "one worker too many"),
@@ -984,6 +1032,20 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             },
             "count only the .jpg files",
         ),
+        (
+            "check_count_per_class",
+            lambda root: {
+                d.name: str(len(list(d.glob("*.jpg")))) for d in Path(root).iterdir() if d.is_dir()
+            },
+            "return each count as an int",
+        ),
+        (
+            "check_count_per_class",
+            lambda root: Counter(
+                s["path"].split("/")[0] for s in imagefolder.load_manifest(root)["samples"]
+            ),
+            "read manifest.json",
+        ),
         ("check_workers_needed", lambda t, lat, s: int(t * (lat + s)), "round up, not down"),
         (
             "check_workers_needed",
@@ -996,8 +1058,20 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             "divided by zero: with no latency and no work",
         ),
         ("check_workers_needed", lambda t, lat, s: math.ceil(t * lat), "include the work time"),
+        (
+            "check_workers_needed",
+            lambda t, lat, s: max(1, math.floor(t * (lat + s))),
+            "round up, not down",
+        ),
+        (
+            "check_workers_needed",
+            lambda t, lat, s: max(1, math.ceil(t * lat + s)),
+            "paid for every sample",
+        ),
         ("check_pack_zip", pack_labels_as_a_list, "labels.json holds a list"),
         ("check_pack_zip", pack_labels_as_floats, "a float: a class number is an int"),
+        ("check_pack_zip", pack_labels_as_text, "a str: a class number is an int"),
+        ("check_pack_zip", pack_labels_by_path, "has no key '000000'"),
         (
             "check_pack_zip",
             lambda root, target: Path(target).write_bytes(b"images"),
@@ -1258,6 +1332,24 @@ def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_data
     )
     with pytest.raises(checks.CheckFailed, match="an open ZipFile"):
         checks.check_spawn_ready(RecipeOfTheHandle(path), manifest)
+
+
+def test_the_handle_check_names_a_handle_that_breaks_building_the_dataset(tiny_dataset):
+    with pytest.raises(checks.CheckFailed, match="must return a zipfile.ZipFile"):
+        lesson3_case(checks.check_per_process_handle, OpenedAsAPlainFile, tiny_dataset)
+
+
+@pytest.mark.parametrize(
+    "recipe, named",
+    [
+        (RecipeShiftedArguments, "transform='torchvision'"),
+        (RecipeWithoutTransform, "transform=None"),
+    ],
+)
+def test_the_spawn_check_names_a_recipe_that_changes_an_argument(tiny_dataset, recipe, named):
+    manifest, path = imagefolder.load_manifest(tiny_dataset), archive(tiny_dataset, "zip")
+    with pytest.raises(checks.CheckFailed, match=named):
+        checks.check_spawn_ready(recipe(path), manifest)
 
 
 # --- numeric checks say how far off a near miss is ----------------------------------------------

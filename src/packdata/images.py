@@ -117,6 +117,11 @@ def decode_image(data, decoder="pil"):
     ``pixels_as_tensor``): no copy into channels-first order, and the resize of a crop reads this
     layout faster than that one. ``.contiguous()`` makes the copy when code needs it."""
     check_decoder(decoder)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"decode_image takes an image file's bytes, not a {type(data).__name__}: read them "
+            "first (Path.read_bytes(), ZipFile.read(name))"
+        )
     if data[: len(NPY_MAGIC)] == NPY_MAGIC:
         return decode_array(data)
     if decoder == "pil":

@@ -97,6 +97,11 @@ def check_count_per_class(count_per_class, root):
     wrong = {name: (got[name], n) for name, n in expected.items() if got[name] != n}
     if wrong:
         name, (g, n) = next(iter(wrong.items()))
+        if not isinstance(g, numbers.Integral):
+            raise CheckFailed(
+                f"'{name}': you counted {g!r}, a {type(g).__name__}; the folder holds {n}: "
+                "return each count as an int."
+            )
         raise CheckFailed(
             f"{len(wrong)} class(es) have the wrong count, e.g. '{name}': you counted {g}, the "
             f"folder holds {n}. "
@@ -124,7 +129,15 @@ def _check_counts_skip_stray_files(count_per_class):
         (Path(tmp) / "cat" / "notes.txt").write_text("collected 2026")
         (Path(tmp) / "dog" / "Thumbs.db").write_bytes(b"")
         (Path(tmp) / "manifest.json").write_text("{}")
-        got = count_per_class(Path(tmp))
+        try:
+            got = count_per_class(Path(tmp))
+        except (ValueError, KeyError) as error:  # a manifest.json that is not the course's
+            if "manifest.json" not in str(error) and error.args not in (("samples",), ("classes",)):
+                raise
+            raise CheckFailed(
+                f"count_per_class read manifest.json ({error!r}): walk the class folders and "
+                "count their images instead; a dataset found on a share has no manifest to trust."
+            ) from None
     if dict(got) != {"cat": 3, "dog": 2}:
         raise CheckFailed(
             "In a folder with cat/ (3 JPEGs and notes.txt), dog/ (2 JPEGs and Thumbs.db) and "
@@ -218,6 +231,15 @@ def check_predict_epoch_seconds(predict_epoch_seconds):
             "workers wait for their requests at the same time: divide by the workers.",
             lambda n, m, lat, b, w: n * lat + n * m / b,
         ),
+        (
+            "the waiting overlaps across workers as the transfers do: divide the latency term "
+            "by the workers too.",
+            lambda n, m, lat, b, w: n * lat + n * m / (b * w),
+        ),
+        (
+            "that is the right time in milliseconds: return seconds, as latency is given.",
+            lambda n, m, lat, b, w: 1000 * (n * lat / w + n * m / (b * w)),
+        ),
     ]
     for n_files, mean_bytes, latency, bandwidth, workers in cases:
         got = predict_epoch_seconds(n_files, mean_bytes, latency, bandwidth, workers)
@@ -260,7 +282,24 @@ def check_workers_needed(workers_needed):
         (3000, 0.01, 0.0003),
         (50, 0.001, 0.0),
         (500, 0.004, 0.0),
-        (100, 0.0, 0.0),  # last (the work-time hint leaves it out): nothing to wait for or do
+        (100, 0.001, 0.02),  # the work, not the waiting, decides
+        (100, 0.0, 0.0),  # last (the rules below leave it out): nothing to wait for or do
+    ]
+    rules = [  # (hint, what a learner's function returns when it follows that mistake)
+        (
+            "round up, not down: a worker short misses the target.",
+            lambda t, lat, s: max(1, math.floor(t * (lat + s))),
+        ),
+        (
+            "include the work time, seconds_per_sample: a worker that decodes is not waiting "
+            "for the next sample.",
+            lambda t, lat, s: reference(t, lat, 0),
+        ),
+        (
+            "the work time is paid for every sample, as the latency is: both belong inside the "
+            "product with the target rate.",
+            lambda t, lat, s: max(1, math.ceil(t * lat + s)),
+        ),
     ]
     for target, latency, seconds_per_sample in cases:
         call = f"workers_needed({target}, {latency}, {seconds_per_sample})"
@@ -280,15 +319,17 @@ def check_workers_needed(workers_needed):
                 f"{call} returned {got!r}, a {type(got).__name__}: the number is right; return "
                 "it as an int (math.ceil gives one)."
             )
+        follows = [
+            hint
+            for hint, rule in rules
+            if all(workers_needed(t, lat, s) == rule(t, lat, s) for t, lat, s in cases[:-1])
+        ]
         if not whole:
             hint = (
                 "a number of workers is a whole number: round up with math.ceil and return an int."
             )
-        elif all(workers_needed(t, lat, s) == reference(t, lat, 0) for t, lat, s in cases[:-1]):
-            hint = (
-                "include the work time, seconds_per_sample: a worker that decodes is not waiting "
-                "for the next sample."
-            )
+        elif follows:
+            hint = follows[0]
         elif got == 0:
             hint = (
                 "the docstring asks for at least 1: with no latency and no work the formula "
@@ -374,17 +415,24 @@ def check_pack_zip(pack_zip, root):
                     raise CheckFailed(
                         f"{name} differs from {sample['path']}: store the file's bytes unchanged."
                     )
-                label = labels.get(sample["key"])
-                if label != sample["label"]:
+                if sample["key"] not in labels:
+                    some = next(iter(labels), None)
                     raise CheckFailed(
-                        f"labels.json gives {label!r} for key {sample['key']}, the manifest says "
-                        f"{sample['label']}."
+                        f"labels.json has no key {sample['key']!r} (its keys look like {some!r}): "
+                        "key each label by the sample's key, as the manifest does."
                     )
-                if not isinstance(label, int) or isinstance(label, bool):
+                label = labels[sample["key"]]
+                same_number = label == sample["label"] or str(label) == str(sample["label"])
+                if same_number and (not isinstance(label, int) or isinstance(label, bool)):
                     raise CheckFailed(
                         f"labels.json gives {label!r} for key {sample['key']}, a "
                         f"{type(label).__name__}: a class number is an int, which a loss such as "
                         "cross_entropy needs. Store the manifest's label as it is."
+                    )
+                if label != sample["label"]:
+                    raise CheckFailed(
+                        f"labels.json gives {label!r} for key {sample['key']}, the manifest says "
+                        f"{sample['label']}."
                     )
         # ZIP timestamps have 2-second resolution: let a clock-stamped archive show itself
         time.sleep(2.1)
@@ -449,6 +497,11 @@ def check_tar_index(tar_index, tar_path):
         )
     for name, (offset, size) in expected.items():
         got_offset, got_size = got[name]
+        if (got_size, got_offset) == (offset, size):
+            raise CheckFailed(
+                f"{name!r}: ({got_offset}, {got_size}) is (size, offset): return (data offset, "
+                "size), in that order."
+            )
         if got_size != size:
             raise CheckFailed(
                 f"{name!r}: size {got_size}, expected {size}. The size field (bytes 124-136) is an "
@@ -1771,7 +1824,17 @@ def check_per_process_handle(dataset_class, archive, manifest):
     reused within it."""
     import zipfile
 
-    dataset = dataset_class(archive)
+    try:
+        dataset = dataset_class(archive)
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        raise CheckFailed(
+            f"{dataset_class.__name__}(archive) failed: {type(error).__name__}: {error}. "
+            "Building the dataset already reads the ZIP's manifest through "
+            "self._get_file_handle().read(name), so your method runs first there: it must return "
+            "a zipfile.ZipFile of self.archive, whose read(name) gives a member's bytes."
+        ) from error
     handle = dataset._get_file_handle()
     if not isinstance(handle, zipfile.ZipFile):
         raise CheckFailed(
@@ -1885,6 +1948,30 @@ def _classes_named_by(blob):
     return names
 
 
+def _unchanged(image):
+    """The transform ``check_spawn_ready`` builds a dataset with (a spawned worker imports it)."""
+    return image
+
+
+def _check_recipe_keeps_arguments(cls, archive):
+    """A ``cls`` built with arguments other than the defaults comes back from its pickle with the
+    same ``archive``, ``transform`` and ``decoder``: a recipe that drops or shifts one passes the
+    audit (it reads bytes only) but decodes differently in every worker."""
+    import pickle
+
+    built = cls(archive, transform=_unchanged, decoder="torchvision")
+    copy = pickle.loads(pickle.dumps(built))
+    for name in ("archive", "transform", "decoder"):
+        got, expected = getattr(copy, name, None), getattr(built, name)
+        if got != expected:
+            raise CheckFailed(
+                f"{cls.__name__}(archive, transform={_unchanged.__name__}, "
+                f"decoder='torchvision') comes back from its pickle with {name}={got!r}, not "
+                f"{expected!r}: the recipe must rebuild the dataset with all three arguments, in "
+                "ZipDataset's order (archive, transform, decoder)."
+            )
+
+
 def check_spawn_ready(dataset, manifest):
     """Lesson 3: ``dataset`` (a ``ZipDataset`` that has been read from) pickles for ``spawn``, and
     ``CHECK_WORKERS`` spawned workers read every sample right."""
@@ -1925,6 +2012,7 @@ def check_spawn_ready(dataset, manifest):
             "that lives in a "
             "module, such as packdata.datasets.ZipDataset."
         )
+    _check_recipe_keeps_arguments(type(dataset), dataset.archive)
     audit = _audit_or_explain(
         dataset,
         manifest,
