@@ -1914,10 +1914,9 @@ def check_worker_init_fn(worker_init_fn, archive, manifest):
             f"{len(audit.errors)} of {audit.samples:,} samples failed ({_first_error(audit)}). "
             "This check closed the "
             "main process's ZipFile before the workers started, so a worker that still reads "
-            "through it fails. "
-            "In worker_init_fn, take get_worker_info().dataset (this worker's copy) and set its "
-            "zip_file to a new "
-            "zipfile.ZipFile(dataset.archive)."
+            "through it fails. Does your worker_init_fn give the dataset that this worker "
+            "reads from (get_worker_info() knows it) a handle of its own, stored where "
+            "read_member looks for it?"
         )
     if audit.wrong:
         raise CheckFailed(
