@@ -1,6 +1,7 @@
 """Estimate teaching and exercise minutes per lesson from what is on its slides and sheets.
 
-    .venv/bin/python scripts/teaching_minutes.py
+    .venv/bin/python scripts/teaching_minutes.py                          # print the estimate
+    .venv/bin/python scripts/teaching_minutes.py --write INSTRUCTORS.md   # rewrite it there
 
 Nobody timed these by talking through the decks: they are counts turned into minutes by a stated
 rule, a starting point to correct after one rehearsal. For every ``notebooks/NN_*.md`` it counts,
@@ -24,6 +25,7 @@ check, plus MINUTES_PER_SOLUTION_LINE for each line of its worked solution.
 
 import argparse
 import re
+from datetime import date
 from pathlib import Path
 
 import jupytext
@@ -34,6 +36,8 @@ WORDS_PER_MINUTE = 100
 CODE_CELL_MINUTES = 1.5
 EXERCISE_MINUTES = 4
 MINUTES_PER_SOLUTION_LINE = 0.5
+START = "<!-- teaching-minutes:start (scripts/teaching_minutes.py --write INSTRUCTORS.md) -->"
+END = "<!-- teaching-minutes:end -->"
 WORD = re.compile(r"[A-Za-z0-9][\w'’.-]*")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 CHECK_CALL = re.compile(r"^\w*checks\.check_\w+\(", re.MULTILINE)
@@ -102,10 +106,52 @@ def markdown_table(root):
     return "\n".join(lines)
 
 
+def totals(root):
+    """``{(first, last): (teaching minutes, exercise minutes)}`` for the day's lessons (0 to 6) and
+    the second morning's (7 and 8)."""
+    found = {}
+    for lesson in sorted((root / "notebooks").glob("[0-9][0-9]_*.md")):
+        number = int(lesson.name[:2])
+        part = (0, 6) if number <= 6 else (7, 8)
+        teach, practise = estimate(
+            lesson_counts(lesson), solution_lines(root / "solutions" / lesson.name)
+        )
+        before = found.get(part, (0, 0))
+        found[part] = (before[0] + teach, before[1] + practise)
+    return found
+
+
+def generated_block(root):
+    """The guide's generated part: the date, the table and the sums for each part of the day."""
+    sums = "; ".join(
+        f"lessons {first} {'and' if last == first + 1 else 'to'} {last}: {teach:.0f} minutes of "
+        f"teaching and {practise:.0f} of exercises"
+        for (first, last), (teach, practise) in totals(root).items()
+    )
+    return f"Estimated on {date.today().isoformat()}:\n\n{markdown_table(root)}\n\nIn all, {sums}."
+
+
+def write_into(guide, root):
+    """Replace the part of ``guide`` between ``START`` and ``END`` with ``generated_block``."""
+    text = guide.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        raise SystemExit(f"{guide} has no {START} ... {END} block to write into")
+    before, rest = text.split(START, 1)
+    after = rest.split(END, 1)[1]
+    guide.write_text(f"{before}{START}\n{generated_block(root)}\n{END}{after}", encoding="utf-8")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=Path("."), help="the course's folder")
-    print(markdown_table(parser.parse_args(argv).root))
+    parser.add_argument(
+        "--write", type=Path, metavar="GUIDE", help="rewrite the estimate in GUIDE (INSTRUCTORS.md)"
+    )
+    args = parser.parse_args(argv)
+    if args.write:
+        write_into(args.write, args.root)
+    else:
+        print(generated_block(args.root))
 
 
 if __name__ == "__main__":

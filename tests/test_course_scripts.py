@@ -121,3 +121,33 @@ def test_teaching_minutes_counts_what_the_slides_show(tmp_path):
     assert practise == pytest.approx(script.EXERCISE_MINUTES + 3 * script.MINUTES_PER_SOLUTION_LINE)
     table = script.markdown_table(tmp_path)
     assert table.splitlines()[2].startswith("| `01_a` | 2 | 5 | 3 | 1 (2) | 1 (3) |")
+
+
+def test_the_guides_estimate_is_what_the_lessons_hold_now():
+    # slides, code cells and exercises exactly; minutes within 2 (a reworded slide moves them a
+    # little, a new section more)
+    script = load("teaching_minutes")
+    guide = (ROOT / "INSTRUCTORS.md").read_text()
+    block = guide.split(script.START, 1)[1].split(script.END, 1)[0]
+    shown = {row[0].strip("` "): row for row in _table_rows(block)}
+    redo = "run .venv/bin/python scripts/teaching_minutes.py --write INSTRUCTORS.md"
+    for lesson in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md")):
+        counts = script.lesson_counts(lesson)
+        exercises = script.solution_lines(ROOT / "solutions" / lesson.name)
+        teach, practise = script.estimate(counts, exercises)
+        assert lesson.stem in shown, f"INSTRUCTORS.md has no estimate for {lesson.stem}: {redo}"
+        _, slides, _, _, cells, sheet, shown_teach, shown_practise = shown[lesson.stem]
+        assert (int(slides), int(cells.split()[0]), int(sheet.split()[0])) == (
+            counts["slides"],
+            counts["code cells"],
+            len(exercises),
+        ), f"{lesson.stem} changed its slides, code cells or exercises: {redo}"
+        assert abs(int(shown_teach) - teach) <= 2 and abs(int(shown_practise) - practise) <= 2, (
+            f"{lesson.stem}'s minutes moved: {redo}"
+        )
+
+
+def _table_rows(markdown):
+    """The cells of each body row of the Markdown table in ``markdown``."""
+    lines = [line for line in markdown.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
