@@ -1898,6 +1898,12 @@ def check_worker_init_fn(worker_init_fn, archive, manifest):
     ``ZipFile`` of its own."""
     from ..datasets import ZipDataset
 
+    try:  # a stub says so here, not at the bottom of a worker's traceback
+        worker_init_fn(0)
+    except NotImplementedError:
+        raise
+    except Exception:  # noqa: BLE001  outside a worker, get_worker_info() gives None
+        pass
     dataset = ZipDataset(archive)
     # a worker still reading through the main process's handle now fails at once
     dataset.zip_file.close()
