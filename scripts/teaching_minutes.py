@@ -87,17 +87,23 @@ def estimate(counts, exercises):
     return talk + counts["code cells"] * CODE_CELL_MINUTES, practise
 
 
-def markdown_table(root):
-    """The counts and estimates of every lesson under ``root`` as a Markdown table."""
+def lesson_rows(root):
+    """``(lesson path, counts, solution lines of each exercise, teaching minutes, exercise
+    minutes)`` for every lesson under ``root``, in order."""
+    for lesson in sorted((root / "notebooks").glob("[0-9][0-9]_*.md")):
+        counts = lesson_counts(lesson)
+        exercises = solution_lines(root / "solutions" / lesson.name)
+        yield (lesson, counts, exercises, *estimate(counts, exercises))
+
+
+def markdown_table(rows):
+    """``lesson_rows`` as a Markdown table."""
     lines = [
         "| lesson | slides | words on slides | words in notes | code cells (lines) "
         "| exercises (solution lines) | teaching min | exercise min |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for lesson in sorted((root / "notebooks").glob("[0-9][0-9]_*.md")):
-        counts = lesson_counts(lesson)
-        exercises = solution_lines(root / "solutions" / lesson.name)
-        teach, practise = estimate(counts, exercises)
+    for lesson, counts, exercises, teach, practise in rows:
         lines.append(
             f"| `{lesson.stem}` | {counts['slides']} | {counts['slide words']} | "
             f"{counts['note words']} | {counts['code cells']} ({counts['code lines']}) | "
@@ -106,16 +112,12 @@ def markdown_table(root):
     return "\n".join(lines)
 
 
-def totals(root):
-    """``{(first, last): (teaching minutes, exercise minutes)}`` for the day's lessons (0 to 6) and
-    the second morning's (7 and 8)."""
+def totals(rows):
+    """``{(first, last): (teaching minutes, exercise minutes)}`` of ``lesson_rows`` for the day's
+    lessons (0 to 6) and the second morning's (7 and 8)."""
     found = {}
-    for lesson in sorted((root / "notebooks").glob("[0-9][0-9]_*.md")):
-        number = int(lesson.name[:2])
-        part = (0, 6) if number <= 6 else (7, 8)
-        teach, practise = estimate(
-            lesson_counts(lesson), solution_lines(root / "solutions" / lesson.name)
-        )
+    for lesson, _, _, teach, practise in rows:
+        part = (0, 6) if int(lesson.name[:2]) <= 6 else (7, 8)
         before = found.get(part, (0, 0))
         found[part] = (before[0] + teach, before[1] + practise)
     return found
@@ -123,12 +125,13 @@ def totals(root):
 
 def generated_block(root):
     """The guide's generated part: the date, the table and the sums for each part of the day."""
+    rows = list(lesson_rows(root))
     sums = "; ".join(
         f"lessons {first} {'and' if last == first + 1 else 'to'} {last}: {teach:.0f} minutes of "
         f"teaching and {practise:.0f} of exercises"
-        for (first, last), (teach, practise) in totals(root).items()
+        for (first, last), (teach, practise) in totals(rows).items()
     )
-    return f"Estimated on {date.today().isoformat()}:\n\n{markdown_table(root)}\n\nIn all, {sums}."
+    return f"Estimated on {date.today().isoformat()}:\n\n{markdown_table(rows)}\n\nIn all, {sums}."
 
 
 def write_into(guide, root):

@@ -119,7 +119,7 @@ def test_teaching_minutes_counts_what_the_slides_show(tmp_path):
     teach, practise = script.estimate(counts, [3])
     assert teach == pytest.approx(8 / script.WORDS_PER_MINUTE + script.CODE_CELL_MINUTES)
     assert practise == pytest.approx(script.EXERCISE_MINUTES + 3 * script.MINUTES_PER_SOLUTION_LINE)
-    table = script.markdown_table(tmp_path)
+    table = script.markdown_table(script.lesson_rows(tmp_path))
     assert table.splitlines()[2].startswith("| `01_a` | 2 | 5 | 3 | 1 (2) | 1 (3) |")
 
 

@@ -1318,6 +1318,15 @@ def test_check_passes_right_and_fails_wrong(name, tiny_dataset, capsys):
             run(check, wrong, tiny_dataset)
 
 
+def test_a_stub_run_in_a_worker_shows_its_hint_alone(tiny_dataset):
+    def init_stub(worker_id):
+        raise NotImplementedError("Your turn! Hint: which copy of the dataset does a worker read?")
+
+    with pytest.raises(NotImplementedError) as raised:
+        lesson3_case(checks.check_worker_init_fn, init_stub, tiny_dataset)
+    assert str(raised.value) == "Your turn! Hint: which copy of the dataset does a worker read?"
+
+
 def test_an_unshuffled_drain_is_named_before_the_epochs_compare(tiny_dataset):
     with pytest.raises(checks.CheckFailed, match="rng.shuffle"):
         checks.check_shuffle_buffer(buffer_with_unshuffled_drain, tiny_shards(tiny_dataset))

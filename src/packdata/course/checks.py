@@ -1758,7 +1758,8 @@ CHECK_WORKERS = 3
 def _audit_or_explain(dataset, manifest, what, **loader_kwargs):
     """``handles.audit_reads`` with ``CHECK_WORKERS`` workers; a loader that fails (e.g. the dataset
     does not pickle, or a worker dies) becomes ``CheckFailed`` naming ``what`` ran. The learner's
-    ``NotImplementedError`` passes through."""
+    ``NotImplementedError`` passes through, with the stub's own message when a worker raised it
+    (not the worker's traceback, at whose end the hint would come)."""
     import warnings
 
     from ..audit import audit_reads, expected_checksums
@@ -1773,8 +1774,11 @@ def _audit_or_explain(dataset, manifest, what, **loader_kwargs):
                 num_workers=CHECK_WORKERS,
                 **loader_kwargs,
             )
-    except NotImplementedError:
-        raise
+    except NotImplementedError as error:
+        if not str(error).startswith("Caught NotImplementedError"):  # raised in this process
+            raise
+        stub_line = str(error).strip().splitlines()[-1]  # the worker's traceback ends with it
+        raise NotImplementedError(stub_line.removeprefix("NotImplementedError: ")) from None
     except Exception as error:
         raise CheckFailed(f"{what} failed: {type(error).__name__}: {error}") from error
 
@@ -1898,12 +1902,6 @@ def check_worker_init_fn(worker_init_fn, archive, manifest):
     ``ZipFile`` of its own."""
     from ..datasets import ZipDataset
 
-    try:  # a stub says so here, not at the bottom of a worker's traceback
-        worker_init_fn(0)
-    except NotImplementedError:
-        raise
-    except Exception:  # noqa: BLE001  outside a worker, get_worker_info() gives None
-        pass
     dataset = ZipDataset(archive)
     # a worker still reading through the main process's handle now fails at once
     dataset.zip_file.close()
