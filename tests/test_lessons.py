@@ -14,11 +14,12 @@ others would run as before), where each worker imports torch again (1.5
 to 3.5 s of CPU with torchvision). To keep that affordable, each loader that starts workers by
 the default method starts only one (``$PACKDATA_MOST_WORKERS``): it must still unpickle what it is
 sent. ``SHORTER_UNDER_SPAWN`` lists the other edits of that run: two rounds instead of three in
-every comparison, and fewer samples, epochs or loaders in the longest measurements; an edit whose
-text is gone from its lesson fails the test. Both methods pickle what they send to a worker, and
-a forkserver's workers start from a fresh interpreter too (the server is a new process, not a copy
-of the kernel), so a lambda or a class defined in the notebook fails under either; what spawn adds
-is that torch and torchvision are not imported before a worker starts.
+every comparison (and no untimed warm-up round before them), and fewer samples,
+epochs or loaders in the longest measurements; an edit whose text is gone from its lesson fails the
+test. Both methods pickle what they send to a worker, and a forkserver's workers start from a fresh
+interpreter too (the server is a new process, not a copy of the kernel), so a lambda or a class
+defined in the notebook fails under either; what spawn adds is that torch and torchvision are not
+imported before a worker starts.
 """
 
 import re
@@ -36,13 +37,15 @@ LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md"))
 # that they still start none)
 NO_WORKERS = ("00_welcome", "02_packing")
 WITH_WORKERS = [lesson for lesson in LESSONS if lesson.stem not in NO_WORKERS]
-# (lessons, pattern, replacement) for the spawn run: fewer rounds everywhere; fewer samples, epochs
-# and loaders in the measurements that take longest with one worker per loader; lesson 8's Slurm
-# cell takes the branch of a machine without Slurm, as on macOS, and its two torchrun nodes do not
-# start, nor does lesson 6's torchrun (a `python -c pass` stands in): srun and torchrun start their
-# own processes, whatever the kernel's start method, and scripts/train.py picks its workers' own,
-# so the first run covers them
+# (lessons, pattern, replacement) for the spawn run: fewer rounds everywhere, and no untimed warm-up
+# round (an epoch of every loader that tells this run nothing); fewer samples, epochs and loaders in
+# the measurements that take longest with one worker per loader; lesson 8's Slurm cell takes the
+# branch of a machine without Slurm, as on macOS, and its two torchrun nodes do not start, nor does
+# lesson 6's torchrun (a `python -c pass` stands in): srun and torchrun start their own processes,
+# whatever the kernel's start method, and scripts/train.py picks its workers' own, so the first run
+# covers them
 SHORTER_UNDER_SPAWN = [
+    ("*", r"(compare\.in_turn\(\w+, )rounds=3\)", r"\1rounds=2, warmup=False)"),
     ("*", r"rounds=3\b", "rounds=2"),
     ("08_*", r"missing := localslurm\.missing_programs\(\)", 'missing := ["slurmctld"]'),
     ("08_*", r"nodes = launch_nodes\(", "nodes = [] and launch_nodes("),
@@ -57,6 +60,7 @@ SHORTER_UNDER_SPAWN = [
     ),
     ("04_*", r"ProcessPoolExecutor\(4\)", "ProcessPoolExecutor(2)"),
     ("04_*", r"(plain_runs\(work, len\(work\)|\"4 processes\"), processes=4", r"\1, processes=2"),
+    ("06_*", r"latencies_ms = 4, \[0, 2, 20\]", "latencies_ms = 4, [0, 20]"),
     ("06_*", r"epochs=6,", "epochs=2,"),
     ("06_*", r"for (_|epoch) in range\(3\):", r"for \1 in range(2):"),
     ("06_*", r"steps=30\)", "steps=10)"),
