@@ -16,6 +16,7 @@ import boto3
 import jupytext
 import numpy as np
 import pytest
+import torch
 import webdataset as wds
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
@@ -383,6 +384,81 @@ def buffer_with_its_own_random(samples, size, rng):
     return buffer_right(samples, size, random.Random())
 
 
+def split_after_a_shuffle(shards, rank, world_size, worker, workers):
+    shards = list(shards)
+    random.shuffle(shards)
+    return shards[rank::world_size][worker::workers]
+
+
+def split_by_shard_number(shards, rank, world_size, worker, workers):
+    me, every = rank * workers + worker, world_size * workers
+    return [shard for shard in shards if int(shard[-10:-4]) % every == me]
+
+
+def split_in_place(shards, rank, world_size, worker, workers):
+    shards.reverse()
+    shards.reverse()
+    shards.append(shards.pop(0))
+    return shards[rank::world_size][worker::workers]
+
+
+def buffer_by_blocks(samples, size, rng):
+    buffer = []
+    for sample in samples:
+        buffer.append(sample)
+        if len(buffer) == size:
+            rng.shuffle(buffer)
+            yield from buffer
+            buffer = []
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def buffer_past_its_end(samples, size, rng):
+    buffer = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        index = rng.randint(0, size)
+        yield buffer[index]
+        buffer[index] = sample
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def buffer_beside_the_newcomer(samples, size, rng):
+    buffer = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        yield buffer[rng.randrange(size)]
+        buffer.append(sample)
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def buffer_kept_between_calls():
+    kept = []
+
+    def buffer_fn(samples, size, rng):
+        for sample in samples:
+            if len(kept) < size:
+                kept.append(sample)
+                continue
+            index = rng.randrange(size)
+            yield kept[index]
+            kept[index] = sample
+        rng.shuffle(kept)
+        yield from kept
+
+    return buffer_fn
+
+
+buffer_with_a_reversed_drain = buffer_that_drains(lambda rest: reversed(rest))
+
+
 CASES.update(
     {
         "check_shard_split": (
@@ -467,6 +543,21 @@ def assign_round_robin(keys, per_shard, seed):
     return [list(keys[index::count]) for index in range(count)]
 
 
+def assign_with_torch_seed(keys, per_shard, seed):
+    torch.manual_seed(seed)
+    return cut([keys[index] for index in torch.randperm(len(keys)).tolist()], per_shard)
+
+
+def assign_with_replacement(keys, per_shard, seed):
+    drawn = np.random.default_rng(seed).choice(len(keys), len(keys))
+    return cut([keys[index] for index in drawn], per_shard)
+
+
+def assign_one_short(keys, per_shard, seed):
+    shuffled = [key for shard in assign_right(keys, len(keys), seed) for key in shard]
+    return [shuffled[start : start + per_shard - 1] for start in range(0, len(keys), per_shard)]
+
+
 ASSIGN_MISTAKES = {
     assign_in_key_order: "you cut the keys in the order given",
     assign_shuffled_inside_each_shard: "you shuffled inside each shard",
@@ -478,6 +569,9 @@ ASSIGN_MISTAKES = {
     assign_overlapping: "would come twice an epoch",
     assign_sorted_within: "Keep the shuffled order within each shard",
     assign_round_robin: "Keep the shuffled order within each shard",
+    assign_with_torch_seed: "torch.manual_seed",
+    assign_with_replacement: "drawing with replacement",
+    assign_one_short: "look at where each slice starts and ends",
 }
 
 
@@ -1086,6 +1180,14 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             ],
             "Keep the order you are given",
         ),
+        ("check_shard_split", split_after_a_shuffle, "called again with the same arguments"),
+        ("check_shard_split", split_by_shard_number, "goes by the shards' names"),
+        ("check_shard_split", split_in_place, "reordered the list it was given"),
+        ("check_shuffle_buffer", buffer_by_blocks, "block by block"),
+        ("check_shuffle_buffer", buffer_past_its_end, "it indexed past the buffer"),
+        ("check_shuffle_buffer", buffer_beside_the_newcomer, "more than once"),
+        ("check_shuffle_buffer", buffer_kept_between_calls(), "outlived the first call"),
+        ("check_shuffle_buffer", buffer_with_a_reversed_drain, "the final drain ignores rng"),
         (
             "check_shuffle_buffer",
             lambda samples, size, rng: sorted(samples, key=lambda _: rng.random()),
@@ -1164,6 +1266,11 @@ def stream_class(mistake=None):
             pair = seed + epoch if mistake == "seed plus epoch" else f"{seed}:{epoch}"
             order = list(self.shards)
             random.Random(f"{pair}:{rank_salt}").shuffle(order)
+            if mistake == "global shuffle":
+                random.seed(f"{pair}")
+                random.shuffle(order)
+            if mistake == "worker info always there":
+                worker, workers = info.id, info.num_workers
             mine = order if mistake == "no rank split" else order[self.rank :: self.world_size]
             if mistake == "ranks overlap":  # one shard too many for each rank
                 per = len(order) // self.world_size
@@ -1173,13 +1280,19 @@ def stream_class(mistake=None):
             if mistake != "no worker split":
                 mine = mine[worker::workers]
             samples = (sample for shard in mine for sample in read_samples(shard))
+            if mistake == "samples split":
+                every, me = self.world_size * workers, self.rank * workers + worker
+                everything = (sample for shard in order for sample in read_samples(shard))
+                samples = (s for i, s in enumerate(everything) if i % every == me)
+            if mistake == "keys only":
+                samples = (key for key, _ in samples)
             if mistake == "no buffer":
                 yield from samples
                 return
             rng = random.Random(f"{pair}:{self.rank}:{worker}")
             if mistake == "unseeded buffer":
                 rng = random.Random()
-            buffer = []
+            buffer = self.__dict__.setdefault("kept", []) if mistake == "buffer on self" else []
             for sample in samples:
                 if len(buffer) < self.buffer_size:
                     buffer.append(sample)
@@ -1213,6 +1326,11 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("seed ignored", "mix self.seed"),
         ("seed plus epoch", "seed + epoch makes them collide"),
         ("unseeded buffer", "the same seed and epoch streamed another order"),
+        ("samples split", "Split the shard list between workers, not the samples"),
+        ("global shuffle", "global random generator"),
+        ("worker info always there", "get_worker_info() returns None"),
+        ("keys only", "not a (key, label) pair"),
+        ("buffer on self", "something outlived the first pass"),
     ],
 )
 def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):

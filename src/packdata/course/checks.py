@@ -1166,12 +1166,13 @@ def _as_shards(got, call):
 
 
 def _random_state():
-    """The state of Python's and NumPy's global random generators."""
+    """The state of Python's, NumPy's and torch's global random generators."""
     import random
 
     import numpy as np
+    import torch
 
-    return random.getstate(), str(np.random.get_state())
+    return random.getstate(), str(np.random.get_state()), torch.get_rng_state().numpy().tobytes()
 
 
 def _assignment(assign_shards, keys, per_shard, seed):
@@ -1187,8 +1188,9 @@ def _assignment(assign_shards, keys, per_shard, seed):
         )
     if _random_state() != before:
         raise CheckFailed(
-            f"{call} reseeded or drew from Python's or NumPy's global random generator "
-            "(random.seed, np.random.seed, random.shuffle): every other user of it, an "
+            f"{call} reseeded or drew from a global random generator, Python's, NumPy's or "
+            "torch's (random.seed, np.random.seed, torch.manual_seed, random.shuffle): every "
+            "other user of it, an "
             "augmentation say, now repeats its numbers or loses them. Make a generator of your "
             "own from the seed: random.Random(seed) or np.random.default_rng(seed)."
         )
@@ -1201,6 +1203,12 @@ def _each_key_once(shards, keys, per_shard, call):
     where = {}
     for number, shard in enumerate(shards):
         for key in shard:
+            if where.get(key) == number:
+                raise CheckFailed(
+                    f"{call}: key {key!r} is twice in shard {number}: drawing with replacement "
+                    "(random.choices, rng.choice without replace=False) repeats keys and leaves "
+                    "others out. Shuffle a copy of the list, or draw a permutation of it."
+                )
             if key in where:
                 raise CheckFailed(
                     f"{call}: key {key!r} is in shard {where[key]} and in shard {number}, so its "
@@ -1214,9 +1222,15 @@ def _each_key_once(shards, keys, per_shard, call):
         raise CheckFailed(f"{call}: {stray[0]!r} is not one of the keys given.")
     lost = [key for key in keys if key not in where]
     if lost:
+        cure = (
+            "Keep the last, shorter shard."
+            if len(shards) < -(-len(keys) // per_shard)
+            else f"Your shards hold fewer than {per_shard} keys: look at where each slice starts "
+            "and ends."
+        )
         raise CheckFailed(
             f"{call}: {len(lost)} of {len(keys)} keys are in no shard (e.g. {lost[0]!r}): those "
-            "samples would never be trained on. Keep the last, shorter shard."
+            f"samples would never be trained on. {cure}"
         )
     sizes = [len(shard) for shard in shards]
     if any(size != per_shard for size in sizes[:-1]) or not 0 < sizes[-1] <= per_shard:
@@ -1361,18 +1375,54 @@ def _check_exactly_once(shards, what, **options):
     return expected
 
 
+def _split_parts(split_shards, names, world_size, num_workers, call):
+    """``{(rank, worker): part}``; ``CheckFailed`` when a call changes the list it is given or
+    gives another part for the same arguments (a shuffle inside the split)."""
+    given = list(names)
+    parts = {
+        (rank, worker): list(split_shards(given, rank, world_size, worker, num_workers))
+        for rank in range(world_size)
+        for worker in range(num_workers)
+    }
+    if given != names:
+        raise CheckFailed(
+            f"{call}, split_shards reordered the list it was given: the caller's shard list "
+            "changed under it. Only slice it; the shuffle happens before the split."
+        )
+    if list(split_shards(given, 0, world_size, 0, num_workers)) != parts[0, 0]:
+        raise CheckFailed(
+            f"{call}, split_shards gave rank 0 worker 0 another part when called again with the "
+            "same arguments: a shuffle inside the split makes the ranks' and workers' parts "
+            "overlap. Only slice the list; it arrives already shuffled for the epoch."
+        )
+    return parts
+
+
+def _check_split_follows_order(split_shards, given):
+    """``CheckFailed`` when each part holds the same shards whatever the list's order: a split by
+    the shards' names, which the epoch's shuffle then cannot change."""
+    rotated = given[1:] + given[:1]
+
+    def part(shards, rank, worker):
+        return set(split_shards(list(shards), rank, 2, worker, 2))
+
+    places = [(rank, worker) for rank in range(2) for worker in range(2)]
+    if all(part(given, *place) == part(rotated, *place) for place in places):
+        raise CheckFailed(
+            "each rank and worker gets the same shards whatever order the list comes in: your "
+            "split goes by the shards' names, so every worker reads the same shards every epoch. "
+            "Take the parts by position in the list you are given."
+        )
+
+
 def check_shard_split(split_shards, shards):
     """Lesson 4: ``split_shards(shards, rank, world_size, worker, num_workers)`` gives every (rank,
     worker) a part of the list: disjoint, complete, within one shard of each other; then streams
     every sample exactly once."""
     for count, world_size, num_workers in [(20, 2, 3), (7, 2, 2), (5, 1, 4), (12, 3, 1), (3, 2, 3)]:
         names = [f"train-{i:06d}.tar" for i in range(count)]
-        parts = {
-            (rank, worker): list(split_shards(names, rank, world_size, worker, num_workers))
-            for rank in range(world_size)
-            for worker in range(num_workers)
-        }
         call = f"with {count} shards, {world_size} ranks and {num_workers} workers"
+        parts = _split_parts(split_shards, names, world_size, num_workers, call)
         owners = {}
         for place, part in parts.items():
             for name in part:
@@ -1401,15 +1451,28 @@ def check_shard_split(split_shards, shards):
         if part != sorted(part, key=given.index):
             raise CheckFailed(
                 "Keep the order you are given: the list arrives reshuffled for each epoch, and "
-                "sorting "
-                "it gives every epoch the same order."
+                "reordering it (sorting, a shuffle of your own) gives every epoch the same order."
             )
+    _check_split_follows_order(split_shards, given)
     samples = _check_exactly_once(shards, "with your split.", splitter=split_shards)
     passed(
         f"disjoint, complete, balanced; 2 ranks × 3 workers streamed all {samples:,} samples "
         "exactly once per epoch, "
         "in a new order in the next epoch."
     )
+
+
+def _past_the_buffer_named(stream):
+    """The items of ``stream``; an ``IndexError`` from it becomes a ``CheckFailed`` that says
+    where such an index comes from."""
+    try:
+        yield from stream
+    except IndexError as error:
+        raise CheckFailed(
+            f"shuffle_buffer raised IndexError ({error}): it indexed past the buffer. "
+            "rng.randint(0, size) can return size itself, rng.randrange(size) cannot; and pick "
+            "from the buffer only once it is full."
+        ) from None
 
 
 def check_shuffle_buffer(shuffle_buffer, shards):
@@ -1433,7 +1496,7 @@ def check_shuffle_buffer(shuffle_buffer, shards):
             "one at a time), or it holds the whole stream in memory."
         )
     out = []
-    for item in stream:
+    for item in _past_the_buffer_named(stream):
         if not out and len(consumed) < 50:
             raise CheckFailed(
                 f"the first sample came out after reading only {len(consumed)} of a buffer of 50: "
@@ -1448,6 +1511,12 @@ def check_shuffle_buffer(shuffle_buffer, shards):
                 "memory)."
             )
         out.append(item)
+    if len(set(out)) < len(out):
+        raise CheckFailed(
+            f"200 samples went in, {len(out)} came out, {len(out) - len(set(out))} of them more "
+            f"than once and {200 - len(set(out))} never: yield the sample you picked, then put the "
+            "newcomer in its place (buffer[i] = sample), not beside it."
+        )
     if sorted(out) != list(range(200)):
         lost = 200 - len(set(out))
         raise CheckFailed(
@@ -1459,13 +1528,26 @@ def check_shuffle_buffer(shuffle_buffer, shards):
             "the samples come out in the order they went in: pick a random one of the buffer with "
             "rng."
         )
+    if sorted(out[:50]) == list(range(50)):
+        raise CheckFailed(
+            "the first 50 samples out are the first 50 in, reordered: you shuffle block by block, "
+            "so a sample never meets one from the next block. Once the buffer is full, yield one "
+            "random sample of it for each newcomer."
+        )
     consumed.clear()
-    if list(shuffle_buffer(source(), 50, random.Random(0))) != out:
+    again = list(_past_the_buffer_named(shuffle_buffer(source(), 50, random.Random(0))))
+    if len(again) != 200:
+        raise CheckFailed(
+            f"a second call gave {len(again)} samples for 200: something outlived the first call "
+            "(a buffer=[] default argument, or a buffer outside the function). Make the buffer "
+            "inside the function."
+        )
+    if again != out:
         raise CheckFailed(
             "the same rng seed gave a different order: draw every random choice from rng, nothing "
             "else."
         )
-    small = list(shuffle_buffer(iter(range(20)), 50, random.Random(1)))
+    small = list(_past_the_buffer_named(shuffle_buffer(iter(range(20)), 50, random.Random(1))))
     if sorted(small) != list(range(20)):
         raise CheckFailed(
             f"a stream shorter than the buffer (20 samples, buffer 50) came out as {small}."
@@ -1477,6 +1559,12 @@ def check_shuffle_buffer(shuffle_buffer, shards):
             "the buffer never filled, so everything left in the final drain. Shuffle what is left "
             "with "
             "rng.shuffle before yielding it."
+        )
+    if list(shuffle_buffer(iter(range(20)), 50, random.Random(2))) == small:
+        raise CheckFailed(
+            "a stream shorter than the buffer (20 samples, buffer 50) came out in the same order "
+            "from two seeds: the final drain ignores rng. Shuffle what is left with rng.shuffle "
+            "before yielding it."
         )
     samples = _check_exactly_once(
         shards, "with your buffer.", shuffle=False, buffer_size=100, buffer=shuffle_buffer
@@ -1610,6 +1698,93 @@ def _check_stream_seeding(stream_class, shards, alone):
         )
 
 
+def _alone_keys(stream_class, shards):
+    """The keys one rank without workers streams in epoch 0, iterating one dataset twice;
+    ``CheckFailed`` naming what a first run shows: no worker info, no iterator, items that are not
+    ``(key, label)``, a global generator touched, a second pass that differs."""
+    dataset = stream_class(shards, rank=0, world_size=1, seed=0, buffer_size=100)
+    dataset.set_epoch(0)
+    before = _random_state()
+    passes = [_items_of(dataset), _items_of(dataset)]
+    if _random_state() != before:
+        raise CheckFailed(
+            "iterating the dataset reseeded or drew from a global random generator (random.seed, "
+            "random.shuffle, np.random.permutation, torch.manual_seed): the model's own "
+            "randomness changes with it. Draw from a generator of your own: "
+            'random.Random(f"{seed}:{epoch}").'
+        )
+    if sorted(passes[1]) != sorted(passes[0]):
+        raise CheckFailed(
+            f"iterating the same dataset twice in one epoch gave {len(passes[0])} items, then "
+            f"{len(passes[1])} ({len(set(passes[1]))} distinct): something outlived the first "
+            "pass (a buffer or a generator made in __init__). Make them inside __iter__."
+        )
+    return [key for key, _ in passes[0]]
+
+
+def _items_of(dataset):
+    """Every item of one pass over ``dataset`` in this process, each checked to be a ``(key,
+    label)`` pair; the usual first-run errors in words."""
+    try:
+        items = list(iter(dataset))
+    except AttributeError as error:
+        if "'NoneType'" not in str(error):
+            raise
+        raise CheckFailed(
+            f"{error}: without DataLoader workers, get_worker_info() returns None. Take that as "
+            "worker 0 of 1: (info.id, info.num_workers) if info else (0, 1)."
+        ) from None
+    except TypeError as error:
+        if "non-iterator" not in str(error):
+            raise
+        raise CheckFailed(
+            f"{error}: make __iter__ a generator (yield each sample), so that samples flow one "
+            "at a time."
+        ) from None
+    for item in items[:1]:
+        if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str)):
+            raise CheckFailed(
+                f"an item is {item!r:.60}, not a (key, label) pair: yield the pairs that "
+                "read_samples gives."
+            )
+    return [tuple(item) for item in items]
+
+
+def _check_workers_read_their_shards(stream_class, shards):
+    """One rank, 3 forked workers: ``CheckFailed`` when a worker reads more than its share of the
+    shards (a split of the samples, not the shards), counted through ``read_samples`` where the
+    class finds it."""
+    import os
+    import sys
+    import tempfile
+
+    module = sys.modules.get(stream_class.__module__)
+    read = getattr(module, "read_samples", None)
+    if not callable(read):
+        return
+    with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
+
+        def counted(shard):
+            with open(log.name, "a") as file:
+                file.write(f"{os.getpid()}\t{shard}\n")
+            return read(shard)
+
+        module.read_samples = counted
+        try:
+            _keys_by_rank(stream_class, shards, epoch=0, world_size=1)
+        finally:
+            module.read_samples = read
+        per_worker = Counter(line.split("\t")[0] for line in set(log.read().splitlines()))
+    count = len(list(shards))
+    if per_worker and max(per_worker.values()) > -(-count // 3):
+        raise CheckFailed(
+            f"one rank, 3 workers: a worker read {max(per_worker.values())} of the {count} shards "
+            "and kept only some of their samples. Every sample arrived once, but every worker "
+            "read (over a network: downloaded) nearly every shard. Split the shard list between "
+            "workers, not the samples."
+        )
+
+
 def check_shard_stream(stream_class, shards):
     """Lesson 4: ``stream_class(shards, rank, world_size, seed, buffer_size)``, an
     ``IterableDataset`` with ``set_epoch``, streams every sample exactly once per epoch across 2
@@ -1618,7 +1793,7 @@ def check_shard_stream(stream_class, shards):
     from ..shardread import count_shard_samples
 
     expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
-    alone = _keys_by_rank(stream_class, shards, epoch=0, world_size=1, num_workers=0)[0]
+    alone = _alone_keys(stream_class, shards)
     if sorted(alone) != sorted(set(alone)) or len(alone) != expected:
         raise CheckFailed(_alone_explained(alone, shards, expected))
     epochs = [_keys_by_rank(stream_class, shards, epoch) for epoch in (0, 1)]
@@ -1631,6 +1806,7 @@ def check_shard_stream(stream_class, shards):
             "every rank got the same shards in epochs 0 and 1: mix the epoch from set_epoch into "
             "the seed of the shard shuffle, so that each epoch deals the shards anew."
         )
+    _check_workers_read_their_shards(stream_class, shards)
     together = _shard_neighbours(epochs[0][0], shards)
     if together > 0.5:
         raise CheckFailed(
