@@ -1350,20 +1350,28 @@ def split_when_made(shards):
 
 
 def loader_maker(
-    seed_from_epoch=True, splitter=wds.split_by_node, select=None, batch=4, **batching
+    seed_from_epoch=True,
+    splitter=wds.split_by_node,
+    select=None,
+    batch=4,
+    fields=("__key__", "cls"),
+    split_first=False,
+    options=(),
+    **batching,
 ):
     def make_loader(shards, epoch):
-        if splitter is split_when_made:
+        if splitter is split_when_made or split_first:
             shards = split_when_made(shards)
-        dataset = wds.WebDataset(
-            shards,
-            shardshuffle=len(shards),
-            seed=epoch if seed_from_epoch else 0,
-            nodesplitter=every_shard if splitter is split_when_made else splitter,
-            empty_check=False,
+        settings = {
+            "shardshuffle": len(shards),
+            "seed": epoch if seed_from_epoch else 0,
+            "nodesplitter": every_shard if splitter is split_when_made else splitter,
+            "empty_check": False,
             **({"select_files": select} if select else {}),
-        )
-        dataset = dataset.to_tuple("__key__", "cls")
+            **dict(options),
+        }
+        dataset = wds.WebDataset(shards, **settings)
+        dataset = dataset.to_tuple(*fields)
         dataset = dataset.batched(batch, **batching) if batch else dataset
         return wds.WebLoader(dataset, batch_size=None, num_workers=2)
 
@@ -1388,8 +1396,13 @@ def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
         (loader_maker(batch=None), ".batched(32)"),
         (loader_maker(batch=7, partial=False), "partial=False"),
         (loader_maker(collation_fn=None), "no collation_fn"),
-        (loader_maker(seed_from_epoch=False), "seed the shard shuffle from the epoch"),
+        (loader_maker(seed_from_epoch=False), "seed that shuffle from the epoch"),
         (loader_maker(select=lambda name: name.endswith(".cls")), "does not pickle"),
+        (loader_maker(options={"workersplitter": None}.items()), "Leave workersplitter"),
+        (loader_maker(options={"shardshuffle": False}.items()), "shardshuffle=len(shards)"),
+        (loader_maker(fields=("cls", "__key__")), "pick the key first"),
+        (loader_maker(split_first=True), "split by rank twice"),
+        (loader_maker(splitter=wds.split_by_worker), "some came more than once and others"),
     ],
 )
 def test_each_webdataset_mistake_is_named(tiny_dataset, maker, named):

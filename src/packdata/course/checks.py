@@ -1865,6 +1865,13 @@ def _batch_keys(batch):
             f"the loader yielded one sample, {tuple(batch)!r:.80}, not a batch: end the pipeline "
             "with .batched(32), so that workers hand over batches."
         )
+    if not all(isinstance(key, str) for key in batch[0]) and all(
+        isinstance(key, str) for key in batch[-1]
+    ):
+        raise CheckFailed(
+            f"a batch starts with {batch[0]!r:.60} and ends with the keys: pick the key first, "
+            '.to_tuple("__key__", "cls"), so that a batch is (keys, labels).'
+        )
     if not all(isinstance(key, str) for key in batch[0]):
         raise CheckFailed(
             f"a batch starts with {batch[0]!r:.80}, not a list of keys: let .batched(32) collate "
@@ -1882,7 +1889,13 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
         with environment(RANK=rank, WORLD_SIZE=2):  # reaches forkserver workers too
             loader = make_loader(shards, epoch)
             _check_pickles(_dataset_of(loader))
-            return [key for batch in loader for key in _batch_keys(batch)]
+            batches, keys = iter(loader), []
+            try:
+                for batch in batches:
+                    keys += _batch_keys(batch)
+            finally:  # stop the workers here, not when a later check's fork collects the iterator
+                _stop(batches)
+            return keys
     except ValueError as error:
         if "nodesplitter" in str(error):
             raise CheckFailed(
@@ -1890,6 +1903,48 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
                 "(nodesplitter=wds.split_by_node)."
             ) from None
         raise
+
+
+def _stop(batches):
+    """Stop the worker processes behind ``batches``, a ``WebLoader``'s generator or a
+    ``DataLoader``'s iterator, even when it was not read to its end."""
+    stop = getattr(batches, "close", None) or getattr(batches, "_shutdown_workers", None)
+    if stop:
+        stop()
+
+
+def _webdataset_epoch_explained(epoch, per_rank, expected):
+    """Why one epoch of 2 ranks did not deliver every sample once, in words, or None."""
+    everyone = per_rank[0] + per_rank[1]
+    twice_within = [rank for rank, keys in enumerate(per_rank) if len(keys) != len(set(keys))]
+    if twice_within and len(set(everyone)) == expected:
+        return (
+            f"epoch {epoch}: within rank {twice_within[0]}, samples arrived more than once: each "
+            "of its 2 workers read all of the rank's shards. Leave workersplitter at its default "
+            "(wds.split_by_worker)."
+        )
+    if len(everyone) == 2 * expected and len(set(everyone)) == expected:
+        return (
+            f"epoch {epoch}: both ranks read every shard. nodesplitter=wds.split_by_node gives "
+            "each rank its own."
+        )
+    if len(everyone) == len(set(everyone)) < expected:
+        missing = expected - len(everyone)
+        cause = (
+            "Does each worker drop its last, short batch (partial=False)? .batched(32) keeps it."
+            if missing < min(2 * 2 * 32, expected // 2)  # at most a batch short in each worker
+            else "Are the shards split by rank twice (a slice of your own, then "
+            "split_by_node), or the epoch cut short (with_epoch)?"
+        )
+        return f"epoch {epoch}: {missing} of {expected} samples never arrived. {cause}"
+    if len(everyone) != expected or len(set(everyone)) != expected:
+        return (
+            f"epoch {epoch}: {len(everyone)} samples arrived, {len(set(everyone))} distinct, of "
+            f"{expected}: some came more than once and others never. Shards drawn with "
+            "replacement (resampled=True) do that, and so does a worker split where the split by "
+            "node belongs (nodesplitter=wds.split_by_node)."
+        )
+    return None
 
 
 def check_webdataset_loader(make_loader, shards):
@@ -1901,27 +1956,14 @@ def check_webdataset_loader(make_loader, shards):
     expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
     epochs = [[_webdataset_keys(make_loader, shards, e, rank) for rank in (0, 1)] for e in (0, 1)]
     for epoch, per_rank in enumerate(epochs):
-        everyone = per_rank[0] + per_rank[1]
-        if len(everyone) == 2 * expected and len(set(everyone)) == expected:
-            raise CheckFailed(
-                f"epoch {epoch}: both ranks read every shard. nodesplitter=wds.split_by_node "
-                "gives each rank its own."
-            )
-        if len(everyone) == len(set(everyone)) < expected:
-            raise CheckFailed(
-                f"epoch {epoch}: {expected - len(everyone)} of {expected} samples never arrived. "
-                "Does each worker drop its last, short batch (partial=False)? .batched(32) keeps "
-                "it."
-            )
-        if len(everyone) != expected or len(set(everyone)) != expected:
-            raise CheckFailed(
-                f"epoch {epoch}: {len(everyone)} samples arrived, {len(set(everyone))} distinct, "
-                f"of {expected}."
-            )
+        reason = _webdataset_epoch_explained(epoch, per_rank, expected)
+        if reason:
+            raise CheckFailed(reason)
     if epochs[0] == epochs[1]:
         raise CheckFailed(
-            "epochs 0 and 1 came in the same order: seed the shard shuffle from the epoch "
-            "(a new WebDataset per epoch, seed=epoch)."
+            "epochs 0 and 1 came in the same order: shuffle the shards (shardshuffle=len(shards); "
+            "False or leaving it out keeps their order) and seed that shuffle from the epoch (a "
+            "new WebDataset per epoch, seed=epoch)."
         )
     passed(f"2 ranks read all {expected:,} samples once per epoch, in a new order each epoch.")
 
