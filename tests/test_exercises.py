@@ -878,6 +878,25 @@ def where_from_torch_distributed(environ=os.environ):
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), 0
 
 
+def where_as_floats(environ=os.environ):
+    return tuple(float(value) for value in where_right(environ))
+
+
+def where_without_a_default(environ=os.environ):
+    return int(environ.get("RANK")), int(environ.get("WORLD_SIZE")), int(environ.get("LOCAL_RANK"))
+
+
+def where_from_the_machines(environ=os.environ):
+    rank, _, local_rank = where_right(environ)
+    machines = int(environ.get("GROUP_RANK", 0)) + 1
+    return rank, int(environ.get("LOCAL_WORLD_SIZE", 1)) * machines, local_rank
+
+
+def where_as_a_list(environ=os.environ):
+    names = {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0}
+    return [int(environ.get(name, default)) for name, default in names.items()]
+
+
 def where_for_two(environ=os.environ):
     rank, _, local_rank = where_right(environ)
     return rank, 2, local_rank
@@ -893,6 +912,9 @@ WHERE_MISTAKES = {
     where_rank_as_local_rank: "has no cuda:3",
     where_from_torch_distributed: "only after init_process_group",
     where_for_two: r"returned \(0, 2, 0\), expected \(0, 1, 0\)",
+    where_as_floats: "only ints",
+    where_without_a_default: "give each a default",
+    where_from_the_machines: r"returned \(1, 2, 1\), expected \(1, 4, 1\)",
 }
 
 
@@ -904,6 +926,13 @@ def test_each_torchrun_variable_mistake_is_named(wrong):
 
 def where_through_a_helper(environ=os.environ):
     return where_right(environ)  # right, but where_right is not in the script torchrun runs
+
+
+def test_a_list_and_numpy_integers_are_right_answers(capsys):
+    checks.check_common_full_steps(lambda ranks, b: np.min([sum(n // b for n in r) for r in ranks]))
+    assert capsys.readouterr().out.startswith("✓")
+    checks.check_where_am_i(where_as_a_list)
+    assert capsys.readouterr().out.startswith("✓")
 
 
 def test_torchrun_runs_the_function_for_real_and_names_what_it_raised():

@@ -110,9 +110,18 @@ def padded_with_the_end(n, world_size, rank, epoch, drop_last=False):
     return padded(n, world_size, epoch, drop_last, repeat_last)[rank::world_size]
 
 
+def padded_once(n, world_size, rank, epoch, drop_last=False):
+    pad_once = lambda order, missing: order[:missing] + [None] * (missing - len(order))  # noqa: E731
+    return [
+        i
+        for i in padded(n, world_size, epoch, drop_last, pad_once)[rank::world_size]
+        if i is not None
+    ]
+
+
 def test_the_index_answer_passes(capsys):
     check_distributed_indices(answer)
-    assert "52 cases" in capsys.readouterr().out
+    assert "68 cases" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -123,6 +132,7 @@ def test_the_index_answer_passes(capsys):
         (lambda n, w, r, e, d=False: list(range(r, n, w)) and answer(n, w, r, 0, d), "other"),
         (in_blocks, r"a block of the permutation .* permutation\[rank::world_size\]"),
         (padded_with_the_end, "the padding is not torch's: DistributedSampler pads with its start"),
+        (padded_once, r"repeated as often as needed: here the padding \(3\) is longer"),
     ],
 )
 def test_index_mistakes_are_named(wrong, says):

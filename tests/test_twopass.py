@@ -172,6 +172,34 @@ def bucket_doubled_by_the_seed(key, seed, buckets):
     return zlib.crc32(key.encode()) * (seed + 1) % buckets  # seed 1: even buckets only
 
 
+def bucket_without_the_seed(key, seed, buckets):
+    return bucket_of(key, 0, buckets)
+
+
+def bucket_renamed_by_the_seed(key, seed, buckets):
+    return (bucket_of(key, 0, buckets) + seed) % buckets
+
+
+def bucket_by_crc32(key, seed, buckets):
+    return zlib.crc32(f"{seed}:{key}".encode()) % buckets
+
+
+def bucket_by_str_hash(key, seed, buckets):
+    return hash((seed, key)) % buckets
+
+
+def bucket_of_eight(key, seed, buckets):
+    return bucket_of(key, seed, 8)
+
+
+def shuffle_reversed(samples, seed, bucket):
+    return samples[::-1]
+
+
+def shuffle_by_seed_plus_bucket(samples, seed, bucket):
+    return list(np.random.default_rng(seed + bucket).permutation(samples))
+
+
 def test_a_bucket_function_that_fails_in_a_fresh_process_is_named():
     with pytest.raises(CheckFailed, match="failed in a fresh Python process.*NameError.*SALT"):
         shuffle_checks.check_bucket_for(bucket_with_a_salt)
@@ -193,16 +221,20 @@ def test_the_exercise_checks_pass_the_package_s_functions_and_name_a_mistake():
     shuffle_checks.check_bucket_for(bucket_of)
     shuffle_checks.check_shuffle_bucket(shuffle_bucket)
     with pytest.raises(CheckFailed, match="same buckets"):
-        shuffle_checks.check_bucket_for(lambda key, seed, buckets: bucket_of(key, 0, buckets))
+        shuffle_checks.check_bucket_for(bucket_without_the_seed)
     with pytest.raises(CheckFailed, match="not numbers"):
         shuffle_checks.check_bucket_for(lambda key, seed, buckets: (int(key) + seed) % buckets)
     with pytest.raises(CheckFailed, match="only renames it"):
-        shuffle_checks.check_bucket_for(
-            lambda key, seed, buckets: (bucket_of(key, 0, buckets) + seed) % buckets
-        )
+        shuffle_checks.check_bucket_for(bucket_renamed_by_the_seed)
     with pytest.raises(CheckFailed, match="zlib.crc32 is linear"):
-        shuffle_checks.check_bucket_for(
-            lambda key, seed, buckets: zlib.crc32(f"{seed}:{key}".encode()) % buckets
-        )
+        shuffle_checks.check_bucket_for(bucket_by_crc32)
+    with pytest.raises(CheckFailed, match="str's hash"):
+        shuffle_checks.check_bucket_for(bucket_by_str_hash)
+    with pytest.raises(CheckFailed, match=r"bucket_for\(key, 0, 5\) returned [567]"):
+        shuffle_checks.check_bucket_for(bucket_of_eight)
+    with pytest.raises(CheckFailed, match="nothing random decides it"):
+        shuffle_checks.check_shuffle_bucket(shuffle_reversed)
+    with pytest.raises(CheckFailed, match=r"seed \+ bucket makes every pair"):
+        shuffle_checks.check_shuffle_bucket(shuffle_by_seed_plus_bucket)
     with pytest.raises(CheckFailed, match="in its input order"):
         shuffle_checks.check_shuffle_bucket(lambda samples, seed, bucket: samples)

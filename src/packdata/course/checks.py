@@ -669,6 +669,11 @@ def _common_full_steps(samples_per_worker, batch_size):
     return min(sum(n // batch_size for n in rank) for rank in samples_per_worker)
 
 
+def _whole(value):
+    """Whether ``value`` is a whole number: an int, or a NumPy integer (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_common_full_steps(common_full_steps):
     """Lesson 6: ``common_full_steps(samples_per_worker, batch_size)``, where
     ``samples_per_worker[rank][worker]`` is what each DataLoader worker of each rank streams, is
@@ -719,7 +724,7 @@ def check_common_full_steps(common_full_steps):
     for samples_per_worker, batch_size in cases:
         got = common_full_steps([list(rank) for rank in samples_per_worker], batch_size)
         expected = _common_full_steps(samples_per_worker, batch_size)
-        if got == expected and isinstance(got, int) and not isinstance(got, bool):
+        if got == expected and _whole(got):
             continue
         call = f"common_full_steps({samples_per_worker}, {batch_size})"
         if got == expected:
@@ -961,7 +966,13 @@ def check_shard_urls(shard_urls, client, bucket, prefix):
 
 # some of what torchrun sets in each process: one process each of jobs on 1, 2, 2 and 3 machines
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-_TORCHRUN_PROCESSES = [(1, 2, 1, 2, 0), (3, 4, 1, 2, 1), (6, 8, 2, 4, 1), (2, 3, 0, 1, 2)]
+_TORCHRUN_PROCESSES = [
+    (1, 2, 1, 2, 0),
+    (1, 4, 1, 2, 0),
+    (3, 4, 1, 2, 1),
+    (6, 8, 2, 4, 1),
+    (2, 3, 0, 1, 2),
+]
 # the first: a plain `python train.py`, or a notebook (no torchrun, none of them set)
 _TORCHRUN_CASES = [{}] + [
     dict(zip(_TORCHRUN_VARIABLES, map(str, values), strict=True)) for values in _TORCHRUN_PROCESSES
@@ -983,7 +994,8 @@ def _where_mistakes():
     return [
         (
             "you read os.environ, not the environ given (the check passes each process's "
-            "variables as environ): read environ[...].",
+            "variables as environ), or names torchrun does not set: read environ['RANK'], "
+            "environ['WORLD_SIZE'] and environ['LOCAL_RANK'], upper case.",
             lambda env: _where(os.environ),
         ),
         (
@@ -1098,6 +1110,14 @@ def check_where_am_i(where_am_i):
                 "notebook) none of its variables is set: a single process is rank 0 of a world "
                 "of 1, local rank 0."
             ) from None
+        except TypeError as error:
+            if "NoneType" not in str(error):
+                raise
+            raise CheckFailed(
+                f"{call} raised TypeError: {error}. environ.get(name) is None where torchrun set "
+                'nothing: give each a default, environ.get("RANK", 0), so that a process alone is '
+                "rank 0 of a world of 1, local rank 0."
+            ) from None
         except (ValueError, RuntimeError) as error:
             if "process group" not in str(error).lower():
                 raise
@@ -1105,13 +1125,19 @@ def check_where_am_i(where_am_i):
                 f"{call} asked torch.distributed ({error}): it knows the rank only after "
                 "init_process_group, which itself reads these variables. Read the environment."
             ) from None
-        if not isinstance(got, tuple) or len(got) != 3:
+        if not isinstance(got, tuple | list) or len(got) != 3:
             raise CheckFailed(f"{call} returned {got!r}: return (rank, world_size, local_rank).")
         if any(isinstance(value, str) for value in got):
             raise CheckFailed(
                 f"{call} returned {got!r}: the environment holds strings; convert each with "
                 "int(), or shards[rank::world_size] fails."
             )
+        if not all(map(_whole, got)):
+            raise CheckFailed(
+                f"{call} returned {tuple(got)!r}: ranks and sizes are whole numbers, and "
+                "shards[rank::world_size] takes only ints: convert each with int()."
+            )
+        got = tuple(got)
         if got == expected:
             continue
         follows = [hint for hint, rule in _where_mistakes() if _follows(where_am_i, rule)]

@@ -136,10 +136,17 @@ def _index_problem(got, want, case):
     """What ``got`` (the learner's indices) gets wrong against ``want`` (torch's), in words."""
     n, world_size, rank, epoch, drop_last = case
     if len(got) != len(want):
+        padding = len(want) * world_size - n
         rule = (
             "drop the last n % world_size of the permutation"
             if drop_last
             else "pad with the start of the permutation"
+            + (
+                f", repeated as often as needed: here the padding ({padding}) is longer than the "
+                f"permutation ({n})"
+                if padding > n
+                else ""
+            )
         )
         return f"{len(got)} indices, torch gives {len(want)}: every rank takes as many; {rule}"
     if sorted(got) == sorted(want):
@@ -167,7 +174,7 @@ def check_distributed_indices(distributed_indices):
     ``DistributedSampler`` (seed 0, shuffled) gives that rank, for even and uneven splits."""
     cases = [
         (n, world, rank, epoch, drop)
-        for n, world in ((12, 3), (10, 3), (7, 4), (2, 3))
+        for n, world in ((12, 3), (10, 3), (7, 4), (2, 3), (1, 4))
         for rank in range(world)
         for epoch in (0, 1)
         for drop in (False, True)

@@ -178,6 +178,18 @@ def _check_even(buckets, seed):
         )
 
 
+def _check_bucket_count(bucket_for, buckets=5):
+    """With another number of ``buckets``, every key lands in one of them and all are used."""
+    got = [bucket_for(key, 0, buckets) for key in KEYS]
+    outside = [b for b in got if not 0 <= b < buckets]
+    if outside or len(set(got)) < buckets:
+        found = f"returned {outside[0]!r}" if outside else f"used only {sorted(set(got))}"
+        raise CheckFailed(
+            f"bucket_for(key, 0, {buckets}) {found}: take the number of buckets from the "
+            "argument (hash % buckets), not a number of your own"
+        )
+
+
 def check_bucket_for(bucket_for):
     """``bucket_for(key, seed, buckets)``: an int in range, the same in every process, changed by
     the seed, spread evenly, and mixing a class-by-class input as well as a full shuffle."""
@@ -187,7 +199,7 @@ def check_bucket_for(bucket_for):
     other_seed = _buckets(bucket_for, 1)
     _check_even(got, 0)
     _check_even(other_seed, 1)
-    _check_seeded(got, other_seed)
+    _check_bucket_count(bucket_for)
     sample = KEYS[::20]
     others = [_in_fresh_interpreter(bucket_for, sample, seed) for seed in (1, 2)]
     if others[0] != others[1] or others[0] != got[::20]:
@@ -196,6 +208,7 @@ def check_bucket_for(bucket_for):
             "with every interpreter (PYTHONHASHSEED), so scatter tasks on other workers would "
             "disagree. Use a hash of the bytes (hashlib.blake2b, hashlib.sha256)"
         )
+    _check_seeded(got, other_seed)
     gap, full = _mix_gap(_two_pass_order(bucket_for, twopass.shuffle_bucket))
     if gap > 0.5:
         raise CheckFailed(
@@ -227,7 +240,20 @@ def check_shuffle_bucket(shuffle_bucket):
         raise CheckFailed("the bucket came back in its input order: shuffle it")
     if got != [int(item) for item in shuffle_bucket(list(items), 0, 3)]:
         raise CheckFailed("another run shuffled the bucket otherwise: seed the generator")
-    if got == [int(item) for item in shuffle_bucket(list(items), 0, 4)]:
+    next_bucket = [int(item) for item in shuffle_bucket(list(items), 0, 4)]
+    next_seed = [int(item) for item in shuffle_bucket(list(items), 1, 3)]
+    if got == next_bucket == next_seed:
+        raise CheckFailed(
+            "every seed and bucket came back in the same order: nothing random decides it. Draw "
+            "a permutation from a generator seeded with the pair, np.random.default_rng([seed, "
+            "bucket])"
+        )
+    if next_bucket == next_seed:
+        raise CheckFailed(
+            "seed 0's bucket 4 was shuffled as seed 1's bucket 3: seed + bucket makes every pair "
+            "of the same sum collide. Seed with the pair, np.random.default_rng([seed, bucket])"
+        )
+    if got == next_bucket:
         raise CheckFailed(
             "buckets 3 and 4 were shuffled the same way: seed with (seed, bucket), or buckets of "
             "one size move their samples alike"
