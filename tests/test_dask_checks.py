@@ -109,6 +109,25 @@ def stuck_on_a_stale_temporary(source, target):
     return count
 
 
+def temporary_named_as_a_shard(source, target):
+    """A temporary file beside the shards whose name ends in .tar, as theirs do."""
+    target = Path(target)
+    if target.exists():
+        return 0
+    temporary = target.with_name(f"tmp-{target.name}")
+    try:
+        count = write(resized(source), temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return count
+
+
+def collect_sorted(executor, task, jobs):
+    return sorted(collect_as_completed(executor, task, jobs))
+
+
 def failure_wrapped(source, target):
     try:
         return atomic(source, target)
@@ -139,6 +158,7 @@ def test_a_temporary_file_in_tempfiles_folder_is_named(shards):
         (stuck_on_a_stale_temporary, "running it again raised FileExistsError"),
         (kept_on_failure_elsewhere, "a failed task left tmp/"),
         (failure_wrapped, "raised RuntimeError"),
+        (temporary_named_as_a_shard, "left tmp-train-000000.tar beside the shards"),
     ],
 )
 def test_each_unsafe_task_is_named(shards, task, named):
@@ -176,6 +196,7 @@ def test_collecting_as_completed_passes(capsys):
         (collect_in_order, "as_completed"),
         (collect_one_at_a_time, "one at a time"),
         (collect_swallowing_failures, "swallowed"),
+        (collect_sorted, "or sorted afterwards"),
     ],
 )
 def test_each_collecting_mistake_is_named(collect, named):

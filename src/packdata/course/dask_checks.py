@@ -220,6 +220,13 @@ def _check_kill(task, shards, folder):
             "storage), where os.replace fails and shutil.move copies, which a kill can cut "
             "half-way. Make it in target's folder: tempfile.mkstemp(dir=target.parent)"
         )
+    strays = sorted(path.name for path in target.parent.glob("*.tar") if path != target)
+    if strays:
+        raise CheckFailed(
+            f"a task killed while it wrote left {strays[0]} beside the shards, where a *.tar "
+            "pattern takes it for one (half of one). Give the temporary file a name no reader "
+            "takes for a shard: a leading dot, or .partial at the end"
+        )
     expected = sorted(_samples([source]))
     if target.exists() and not _holds(target, expected):
         raise CheckFailed(
@@ -319,7 +326,8 @@ def check_collect(collect):
     if got[0][0] == SLOW_JOB:
         raise CheckFailed(
             f"job {SLOW_JOB} takes 0.3 s, the others 0.02 s, yet it came first: the results "
-            "are collected in submission order. Use concurrent.futures.as_completed"
+            "come in submission order (collected in that order, or sorted afterwards). Return "
+            "them in the order concurrent.futures.as_completed yields them"
         )
     with ThreadPoolExecutor(2) as executor:
         try:
