@@ -153,3 +153,13 @@ def test_the_exercise_check_names_the_usual_mistakes():
         slurm_checks.check_torch_env(
             lambda slurm: {**right(slurm), "LOCAL_WORLD_SIZE": int(slurm["SLURM_TASKS_PER_NODE"])}
         )
+    with pytest.raises(slurm_checks.CheckFailed, match="other than its slurm argument"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {**right(slurm), "RANK": os.environ["SLURM_PROCID"]}
+        )
+    with pytest.raises(slurm_checks.CheckFailed, match="host name \\('gpu07'\\), not its number"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {**right(slurm), "GROUP_RANK": int(slurm["SLURMD_NODENAME"])}
+        )
+    with pytest.raises(slurm_checks.CheckFailed, match="return a dict"):
+        slurm_checks.check_torch_env(lambda slurm: tuple(right(slurm).values()))

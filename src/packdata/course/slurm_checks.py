@@ -5,6 +5,8 @@ The check plays every task of a job of two nodes with three tasks each, and when
 wrong, names the Slurm variable the learner's values follow instead of the right one.
 """
 
+from collections.abc import Mapping
+
 from .checks import CheckFailed, passed
 
 NODES, TASKS_PER_NODE = 2, 3
@@ -70,18 +72,35 @@ def _answers(torch_env, tasks):
     """``torch_env`` of every task; a variable it cannot read or a value it cannot convert is
     named."""
     try:
-        return [torch_env(dict(task)) for task in tasks]
+        answers = [torch_env(dict(task)) for task in tasks]
     except KeyError as error:
+        if error.args and error.args[0] in tasks[0]:
+            raise CheckFailed(
+                f"torch_env read {error} from somewhere other than its slurm argument "
+                "(os.environ? this notebook runs in no Slurm task): read slurm[...], which holds "
+                "the task's variables."
+            ) from None
         raise CheckFailed(
             f"torch_env read {error}, which Slurm does not set for these tasks; it sets "
             f"{', '.join(tasks[0])}."
         ) from None
     except ValueError as error:
+        if tasks[0]["SLURMD_NODENAME"] in str(error):
+            raise CheckFailed(
+                f"torch_env raised ValueError ({error}): SLURMD_NODENAME is the node's host name "
+                f"({tasks[0]['SLURMD_NODENAME']!r}), not its number; the node's number in the job "
+                "is SLURM_NODEID."
+            ) from None
         raise CheckFailed(
             f"torch_env raised ValueError ({error}): not every Slurm variable is a plain number: "
             f"SLURM_TASKS_PER_NODE is {tasks[0]['SLURM_TASKS_PER_NODE']!r} ({TASKS_PER_NODE} tasks "
             f"on each of {NODES} nodes); SLURM_NTASKS_PER_NODE is the plain count."
         ) from None
+    if not all(isinstance(answer, Mapping) for answer in answers):
+        raise CheckFailed(
+            f"torch_env returned {answers[0]!r:.60}: return a dict with {', '.join(SOURCES)}."
+        )
+    return answers
 
 
 def _values(answers, name):
