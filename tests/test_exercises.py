@@ -816,6 +816,22 @@ def urls_of_the_file_names(client, bucket, prefix, expires_s):
     return [presign(client, bucket, name, expires_s) for name in names]
 
 
+def urls_asking_for_more_keys(client, bucket, prefix, expires_s):
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=5000)
+    keys = [item["Key"] for item in listed.get("Contents", [])]
+    return [presign(client, bucket, key, expires_s) for key in keys if key.endswith(".tar")]
+
+
+def urls_with_the_prefix_twice(client, bucket, prefix, expires_s):
+    keys = [key for key in shard_keys(client, bucket, prefix) if key.endswith(".tar")]
+    return [presign(client, bucket, prefix + key, expires_s) for key in keys]
+
+
+def urls_of_another_bucket(client, bucket, prefix, expires_s):
+    keys = shard_keys(client, bucket, prefix)
+    return [presign(client, "shapes", key, expires_s) for key in keys if key.endswith(".tar")]
+
+
 URL_MISTAKES = {
     urls_of_the_first_page: "at most 1,000 keys",
     urls_with_the_manifest: "train/manifest.json is no shard",
@@ -825,6 +841,9 @@ URL_MISTAKES = {
     urls_for_an_hour: r"expire after 3,600 s \(an hour: ExpiresIn's default\), not 86,400 s",
     urls_newest_first: "not in key order",
     urls_of_the_file_names: "sign each object's whole key",
+    urls_asking_for_more_keys: "at most 1,000 keys",
+    urls_with_the_prefix_twice: "already start with train/",
+    urls_of_another_bucket: "names the bucket 'shapes', not 'check-listing'",
 }
 
 

@@ -848,6 +848,12 @@ def _same_shards(urls, client, bucket, prefix, expires_s, call):
     if repeated:
         raise CheckFailed(f"{call}: {repeated[0]} is in the list twice: it would be read twice.")
     outside = [key for key in keys if not key.startswith(prefix)]
+    elsewhere = [key.split("/", 1) for key in outside if "/" in key]
+    if elsewhere and elsewhere[0][1] in expected:
+        raise CheckFailed(
+            f"{call}: a URL names the bucket {elsewhere[0][0]!r}, not {bucket!r}: sign each key "
+            "in the bucket you were given (Params={'Bucket': bucket, ...})."
+        )
     if outside and prefix + outside[0] in expected:
         raise CheckFailed(
             f"{call}: a URL names the object {outside[0]}, which does not exist: sign each "
@@ -865,6 +871,11 @@ def _same_shards(urls, client, bucket, prefix, expires_s, call):
             "holds manifests, markers, logs)."
         )
     missing = [key for key in expected if key not in set(keys)]
+    if keys and all(key.removeprefix(prefix) in expected for key in keys):
+        raise CheckFailed(
+            f"{call}: a URL names the object {keys[0]}: the keys a listing gives already start "
+            f"with {prefix}; sign each as it is listed."
+        )
     if missing and sorted(keys) == expected[: len(keys)] and len(keys) < 1000:
         raise CheckFailed(
             f"{call} gave the first {len(keys):,} of the {len(expected):,} shards under {prefix}: "
@@ -916,6 +927,12 @@ def _get(url, call):
         ) from None
 
 
+def _at_most_1000_keys(params, **_):
+    """A listing call's parameters with MaxKeys capped at 1,000, as S3 caps it."""
+    if params.get("MaxKeys", 1000) > 1000:
+        params["MaxKeys"] = 1000
+
+
 def check_shard_urls(shard_urls, client, bucket, prefix):
     """Lesson 6: ``shard_urls(client, bucket, prefix, expires_s)`` lists every shard under
     ``prefix`` (past the first 1,000 keys), in key order, as presigned GET URLs valid for
@@ -928,8 +945,14 @@ def check_shard_urls(shard_urls, client, bucket, prefix):
 
     _listing_bucket(client)
     day = 86_400
+    # S3 returns at most 1,000 keys a listing call whatever MaxKeys asks; moto returns more
+    client.meta.events.register("provide-client-params.s3.ListObjectsV2", _at_most_1000_keys)
+    try:
+        first = shard_urls(client, LISTING_BUCKET, "train/", day)
+    finally:
+        client.meta.events.unregister("provide-client-params.s3.ListObjectsV2", _at_most_1000_keys)
     _same_shards(
-        shard_urls(client, LISTING_BUCKET, "train/", day),
+        first,
         client,
         LISTING_BUCKET,
         "train/",
