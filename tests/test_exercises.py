@@ -644,6 +644,13 @@ def stage_on_a_tie(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size)
     return "stage" if copy_s + epochs * local_epoch_s <= epochs * remote_epoch_s else "stream"
 
 
+def stage_with_the_copy_as_an_epoch(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    if size > scratch:
+        return "stream"
+    staged = copy_s + (epochs - 1) * local_epoch_s
+    return "stage" if staged < epochs * remote_epoch_s else "stream"
+
+
 def stream_when_it_just_fits(*case):
     *_, scratch, size = case
     return "stream" if size >= scratch else stage_or_stream_right(*case)
@@ -897,6 +904,11 @@ def where_from_torch_distributed(environ=os.environ):
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), 0
 
 
+def where_alone_in_a_world_of_0(environ=os.environ):
+    rank, world_size, local_rank = where_right(environ)
+    return rank, int(environ.get("WORLD_SIZE", 0)), local_rank
+
+
 def where_as_floats(environ=os.environ):
     return tuple(float(value) for value in where_right(environ))
 
@@ -932,6 +944,7 @@ WHERE_MISTAKES = {
     where_from_torch_distributed: "only after init_process_group",
     where_for_two: r"returned \(0, 2, 0\), expected \(0, 1, 0\)",
     where_as_floats: "only ints",
+    where_alone_in_a_world_of_0: "a world of 1, not 0",
     where_without_a_default: "give each a default",
     where_from_the_machines: r"returned \(1, 2, 1\), expected \(1, 4, 1\)",
 }
@@ -1264,6 +1277,7 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_stage_or_stream", stage_or_stream_swapped, "the other way round"),
         ("check_stage_or_stream", stage_as_a_bool, "return the string 'stage'"),
         ("check_stage_or_stream", stage_on_a_tie, "on a tie, stream"),
+        ("check_stage_or_stream", stage_with_the_copy_as_an_epoch, "the copy is not an epoch"),
         ("check_stage_or_stream", stream_when_it_just_fits, "exactly as big as the free space"),
         (
             "check_samples_per_shard",

@@ -200,6 +200,11 @@ def shuffle_by_seed_plus_bucket(samples, seed, bucket):
     return list(np.random.default_rng(seed + bucket).permutation(samples))
 
 
+def shuffle_rotated(samples, seed, bucket):
+    turn = int(np.random.default_rng([seed, bucket]).integers(len(samples)))
+    return samples[turn:] + samples[:turn]
+
+
 def test_a_bucket_function_that_fails_in_a_fresh_process_is_named():
     with pytest.raises(CheckFailed, match="failed in a fresh Python process.*NameError.*SALT"):
         shuffle_checks.check_bucket_for(bucket_with_a_salt)
@@ -232,6 +237,8 @@ def test_the_exercise_checks_pass_the_package_s_functions_and_name_a_mistake():
         shuffle_checks.check_bucket_for(bucket_by_str_hash)
     with pytest.raises(CheckFailed, match=r"bucket_for\(key, 0, 5\) returned [567]"):
         shuffle_checks.check_bucket_for(bucket_of_eight)
+    with pytest.raises(CheckFailed, match="not a rotation"):
+        shuffle_checks.check_shuffle_bucket(shuffle_rotated)
     with pytest.raises(CheckFailed, match="nothing random decides it"):
         shuffle_checks.check_shuffle_bucket(shuffle_reversed)
     with pytest.raises(CheckFailed, match=r"seed \+ bucket makes every pair"):

@@ -591,6 +591,7 @@ def check_stage_or_stream(stage_or_stream):
         (20, 12, 11, 50, 2000 * gb, 1500 * gb),  # a small saving, many epochs, a big dataset
         (30, 10, 12, 100, 1000 * gb, 1 * gb),  # the remote store is faster than the disk
         (60, 30, 10, 3, 1000 * gb, 100 * gb),  # 90 s each way: a tie streams
+        (65, 30, 10, 3, 1000 * gb, 100 * gb),  # 95 s against 90 s: the copy is no epoch
         (60, 30, 10, 5, 100 * gb, 100 * gb),  # the dataset fills scratch exactly: it fits
     ]
     # (what a learner whose answers follow this rule in every case got wrong, the rule)
@@ -613,6 +614,11 @@ def check_stage_or_stream(stage_or_stream):
             "the copy is paid once, and the saving comes in every epoch: compare the whole job, "
             "all of its epochs, not one epoch.",
             lambda c, r, loc, e, scratch, size: _stage_or_stream(c, r, loc, 1, scratch, size),
+        ),
+        (
+            "the copy is not an epoch: it reads the data once, and then every epoch reads it "
+            "from the disk. Compare copy + epochs × local against epochs × remote.",
+            lambda c, r, loc, e, scratch, size: _stage_or_stream(c - loc, r, loc, e, scratch, size),
         ),
         (
             "on a tie, stream: staging then gains nothing, and streaming starts at once.",
@@ -1030,6 +1036,10 @@ def _where_mistakes():
         (
             "GROUP_RANK is the machine's number, not the process's: RANK is.",
             lambda env: _where({**env, "RANK": env.get("GROUP_RANK", 0)}),
+        ),
+        (
+            "outside torchrun a process is alone: a world of 1, not 0 (shards[rank::0] fails).",
+            lambda env: _where({"WORLD_SIZE": 0, **env}),
         ),
         (
             "LOCAL_WORLD_SIZE counts the processes of one machine; WORLD_SIZE counts all the "

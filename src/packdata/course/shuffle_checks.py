@@ -262,5 +262,9 @@ def check_shuffle_bucket(shuffle_bucket):
         raise CheckFailed("seed 0 and seed 1 shuffle alike: use the seed")
     gap, full = _mix_gap(_two_pass_order(twopass.bucket_of, shuffle_bucket))
     if gap > 0.5:
-        raise CheckFailed(f"a batch holds {full - gap:.1f} classes, a full shuffle's {full:.1f}")
+        raise CheckFailed(
+            f"a batch holds {full - gap:.1f} classes, a full shuffle's {full:.1f}: neighbours "
+            "stay together. Draw a full permutation of the bucket, not a rotation, local swaps "
+            "or a shuffle of chunks"
+        )
     passed(f"each bucket a seeded permutation of its own, {full - gap:.1f} classes a batch")
