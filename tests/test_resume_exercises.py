@@ -30,15 +30,17 @@ class Stream(IterableDataset):
     """The worked answer, with switches for the mistakes learners make."""
 
     update_after_yield = ignore_loaded = keep_history = keep_shards = no_reset = False
+    shard_start = skip_everywhere = False
 
     def __init__(self, shards):
         self.shards, self.shard, self.taken, self.seen = list(shards), 0, 0, []
 
     def __iter__(self):
         start, skip = (0, 0) if self.ignore_loaded else (self.shard, self.taken)
+        skip = 0 if self.shard_start else skip
         for index in range(start, len(self.shards)):
             samples = shard_tuples(self.shards[index], ("__key__", "cls"), raise_now)
-            first = skip if index == start else 0
+            first = skip if index == start or self.skip_everywhere else 0
             for taken, sample in enumerate(islice(samples, first, None), first + 1):
                 if not self.update_after_yield:
                     self.shard, self.taken = index, taken
@@ -76,6 +78,8 @@ def test_the_answer_passes(shards, capsys):
         ("keep_history", "grows with what was read"),
         ("keep_shards", "holds shard names"),
         ("no_reset", "back to the first sample"),
+        ("shard_start", "to the start of the shard it was in?"),
+        ("skip_everywhere", "skip samples only in the shard you resume in"),
     ],
 )
 def test_each_mistake_is_named(shards, name, says):

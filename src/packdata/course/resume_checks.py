@@ -81,7 +81,24 @@ def _cut_problem(before, after, whole):
             f"the restarted loader skipped {whole[cut]!r}, the first sample after the checkpoint: "
             "the saved place is one too far"
         )
+    start = len(whole) - len(after)
+    if 0 < start < cut and whole[start:] == after:
+        return (
+            f"the restarted loader went back {cut - start} sample(s), to {after[0]!r}: to the "
+            "start of the shard it was in? Save how far into that shard it got as well, and "
+            "skip that many"
+        )
+    if cut < start < len(whole) and whole[start:] == after:
+        return (
+            f"the restarted loader jumped {start - cut} sample(s) ahead, to {after[0]!r}: to the "
+            "next shard? Resume inside the shard it was in, after the samples it handed out"
+        )
     lost, again = set(whole) - set(before + after), [key for key in after if key in set(before)]
+    if lost and not again and set(after) <= set(whole[cut:]):
+        return (
+            f"after the restart {len(lost)} sample(s) never came, none came twice: skip samples "
+            "only in the shard you resume in; the shards after it start at their first sample"
+        )
     return f"after the restart {len(again)} sample(s) came twice and {len(lost)} never came"
 
 
@@ -93,7 +110,8 @@ def check_resumable_stream(stream_class, shards):
     n_batches = -(-len(whole) // BATCH)
     if len(whole) != len(set(whole)):
         raise CheckFailed(f"one epoch gave {len(whole)} items but {len(set(whole))} keys")
-    for cut in sorted({1, n_batches // 3, n_batches // 2, n_batches - 1} - {0}):
+    # latest first: there a restart that goes back to the start of its shard goes back furthest
+    for cut in sorted({1, n_batches // 3, n_batches // 2, n_batches - 1} - {0}, reverse=True):
         before, state, after = _resumed(stream_class, shards, cut)
         problem = _state_problem(state, len(whole), shards) or _cut_problem(before, after, whole)
         if problem:
