@@ -1419,6 +1419,7 @@ def loader_maker(
     fields=("__key__", "cls"),
     split_first=False,
     options=(),
+    workers=2,
     **batching,
 ):
     def make_loader(shards, epoch):
@@ -1435,7 +1436,7 @@ def loader_maker(
         dataset = wds.WebDataset(shards, **settings)
         dataset = dataset.to_tuple(*fields)
         dataset = dataset.batched(batch, **batching) if batch else dataset
-        return wds.WebLoader(dataset, batch_size=None, num_workers=2)
+        return wds.WebLoader(dataset, batch_size=None, num_workers=workers)
 
     return make_loader
 
@@ -1465,6 +1466,7 @@ def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
         (loader_maker(fields=("cls", "__key__")), "pick the key first"),
         (loader_maker(split_first=True), "split by rank twice"),
         (loader_maker(splitter=wds.split_by_worker), "some came more than once and others"),
+        (loader_maker(workers=0), "starts 0 worker(s); the task asks for 2"),
     ],
 )
 def test_each_webdataset_mistake_is_named(tiny_dataset, maker, named):

@@ -1884,18 +1884,31 @@ def check_shard_stream(stream_class, shards):
 
 
 def _dataset_of(loader):
-    """What a ``DataLoader`` (or a ``WebLoader`` around one) sends to each worker process."""
+    """What a ``DataLoader`` (or a ``WebLoader`` around one) sends to each worker process;
+    ``CheckFailed`` when it starts fewer than the 2 workers the task asks for."""
     from torch.utils.data import DataLoader
 
-    if isinstance(loader, DataLoader):
-        return loader.dataset
+    inner = loader if isinstance(loader, DataLoader) else _inner_loader(loader)
+    if inner.num_workers < 2:
+        raise CheckFailed(
+            f"make_loader's loader starts {inner.num_workers} worker(s); the task asks for 2 "
+            "(num_workers=2): with workers, each must get shards of its own, which is what "
+            "this exercise is about."
+        )
+    return inner.dataset
+
+
+def _inner_loader(loader):
+    """The ``DataLoader`` inside a ``WebLoader``."""
+    from torch.utils.data import DataLoader
+
     inner = [stage for stage in getattr(loader, "pipeline", ()) if isinstance(stage, DataLoader)]
     if not inner:
         raise CheckFailed(
             f"make_loader returned a {type(loader).__name__}: return a wds.WebLoader (or a "
             "DataLoader) with 2 workers."
         )
-    return inner[0].dataset
+    return inner[0]
 
 
 def _check_pickles(dataset):
