@@ -439,6 +439,19 @@ def buffer_beside_the_newcomer(samples, size, rng):
     yield from buffer
 
 
+def buffer_never_picking_its_last_slot(samples, size, rng):
+    buffer = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        index = rng.randrange(size - 1)
+        yield buffer[index]
+        buffer[index] = sample
+    rng.shuffle(buffer)
+    yield from buffer
+
+
 def buffer_kept_between_calls():
     kept = []
 
@@ -1243,6 +1256,7 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_shard_split", split_by_shard_number, "goes by the shards' names"),
         ("check_shard_split", split_in_place, "reordered the list it was given"),
         ("check_shuffle_buffer", buffer_by_blocks, "block by block"),
+        ("check_shuffle_buffer", buffer_never_picking_its_last_slot, "leaves out the last one"),
         ("check_shuffle_buffer", buffer_past_its_end, "it indexed past the buffer"),
         ("check_shuffle_buffer", buffer_beside_the_newcomer, "more than once"),
         ("check_shuffle_buffer", buffer_kept_between_calls(), "outlived the first call"),
@@ -1346,6 +1360,13 @@ def stream_class(mistake=None):
                 samples = (s for i, s in enumerate(everything) if i % every == me)
             if mistake == "keys only":
                 samples = (key for key, _ in samples)
+            if mistake == "shuffled within shards":
+                rng = random.Random(f"{pair}:{self.rank}:{worker}")
+                for shard in mine:
+                    in_shard = list(read_samples(shard))
+                    rng.shuffle(in_shard)
+                    yield from in_shard
+                return
             if mistake == "no buffer":
                 yield from samples
                 return
@@ -1391,6 +1412,7 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("worker info always there", "get_worker_info() returns None"),
         ("keys only", "not a (key, label) pair"),
         ("buffer on self", "something outlived the first pass"),
+        ("shuffled within shards", "shuffled within each shard, never across them"),
     ],
 )
 def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):

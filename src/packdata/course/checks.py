@@ -1587,6 +1587,14 @@ def check_shuffle_buffer(shuffle_buffer, shards):
             "the samples come out in the order they went in: pick a random one of the buffer with "
             "rng."
         )
+    long_run = list(_past_the_buffer_named(shuffle_buffer(iter(range(2000)), 50, random.Random(0))))
+    stuck = [item for place, item in enumerate(long_run) if place - item > 1900]
+    if stuck:
+        raise CheckFailed(
+            f"in a stream of 2,000, sample {stuck[0]} stayed in the buffer from the start to the "
+            "final drain, through more than 1,900 draws: a slot that is never picked? "
+            "rng.randrange(size - 1) leaves out the last one; rng.randrange(size) picks any."
+        )
     if sorted(out[:50]) == list(range(50)):
         raise CheckFailed(
             "the first 50 samples out are the first 50 in, reordered: you shuffle block by block, "
@@ -1701,6 +1709,22 @@ def _shard_neighbours(keys, shards, window=3):
         previous = sample
     close = sum(following.get(key) in keys[i + 1 : i + 1 + window] for i, key in enumerate(keys))
     return close / max(len(keys), 1)
+
+
+def _check_shards_mix(keys, shards):
+    """``CheckFailed`` when ``keys`` (one rank, no workers) bring every shard's samples together,
+    one shard after another: shuffled within each shard, never across shards."""
+    from ..shardread import iter_shard_samples
+
+    shard_of = {sample["__key__"]: sample["__url__"] for sample in iter_shard_samples(shards)}
+    runs = 1 + sum(shard_of[a] != shard_of[b] for a, b in zip(keys, keys[1:]))
+    if len(set(shard_of.values())) > 1 and runs == len(set(shard_of.values())):
+        raise CheckFailed(
+            f"one rank, no workers: the samples of each of the {runs} shards came together, one "
+            "shard after another: shuffled within each shard, never across them, so a batch "
+            "holds the classes of one shard. Pass every shard's samples through one shuffle "
+            "buffer, which mixes samples of several shards."
+        )
 
 
 def _alone_explained(alone, shards, expected):
@@ -1873,6 +1897,7 @@ def check_shard_stream(stream_class, shards):
             "shuffle buffer is not mixing. Fill it first, then yield a random one for each new "
             "sample."
         )
+    _check_shards_mix(alone, shards)
     _check_stream_seeding(stream_class, shards, alone)
     passed(
         f"2 ranks × 3 workers streamed all {expected:,} samples exactly once per epoch, in a new "
