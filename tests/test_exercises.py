@@ -566,6 +566,11 @@ def assign_with_replacement(keys, per_shard, seed):
     return cut([keys[index] for index in drawn], per_shard)
 
 
+def assign_by_str_hash(keys, per_shard, seed):  # whole in itself: a fresh process runs it
+    order = sorted(keys, key=lambda key: hash((seed, key)))
+    return [order[start : start + per_shard] for start in range(0, len(order), per_shard)]
+
+
 def assign_one_short(keys, per_shard, seed):
     shuffled = [key for shard in assign_right(keys, len(keys), seed) for key in shard]
     return [shuffled[start : start + per_shard - 1] for start in range(0, len(keys), per_shard)]
@@ -585,6 +590,7 @@ ASSIGN_MISTAKES = {
     assign_with_torch_seed: "torch.manual_seed",
     assign_with_replacement: "drawing with replacement",
     assign_one_short: "look at where each slice starts and ends",
+    assign_by_str_hash: "cut other shards in another Python process",
 }
 
 

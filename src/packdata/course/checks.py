@@ -1329,6 +1329,28 @@ def _class_mix(shards, keys, per_shard, call):
         )
 
 
+def _check_same_shards_elsewhere(assign_shards, shards, per_shard, seed):
+    """``CheckFailed`` when ``assign_shards``, run from its source by fresh Python processes with
+    other hash seeds, cuts other shards than ``shards`` from the same keys and seed; nothing to
+    say when it cannot run there (it calls a helper of the notebook)."""
+    import subprocess
+
+    from . import fresh
+
+    call = f"[[str(key) for key in shard] for shard in {{name}}(args, {per_shard}, {seed})]"
+    try:
+        others = [fresh.run(assign_shards, _SORTED_KEYS, call, hash_seed) for hash_seed in (1, 2)]
+    except (fresh.Unreadable, fresh.Failed, subprocess.TimeoutExpired):
+        return
+    if any(other != [[str(key) for key in shard] for shard in shards] for other in others):
+        raise CheckFailed(
+            f"assign_shards(keys, {per_shard}, seed={seed}) cut other shards in another Python "
+            "process: str's hash() changes with every interpreter (PYTHONHASHSEED), so a shard "
+            "written again later, or on another machine, would hold other keys. Draw from a "
+            "generator made from the seed: random.Random(seed) or np.random.default_rng(seed)."
+        )
+
+
 def check_assign_shards(assign_shards, root):
     """Lesson 4: ``assign_shards(keys, per_shard, seed)`` cuts a full shuffle, seeded by ``seed``,
     into shards of ``per_shard`` keys: every key once, every shard a mix of classes, the same
@@ -1345,6 +1367,9 @@ def check_assign_shards(assign_shards, root):
                 "generator made from the seed (random.Random(seed) or "
                 "np.random.default_rng(seed)), so that the same seed rewrites the same shards."
             )
+    _check_same_shards_elsewhere(
+        assign_shards, _assignment(assign_shards, _SORTED_KEYS, 50, 1), 50, 1
+    )
     if _assignment(assign_shards, _SORTED_KEYS, 50, 1) == _assignment(
         assign_shards, _SORTED_KEYS, 50, 2
     ):

@@ -8,20 +8,13 @@ class-by-class input with it, compares the class mix per batch with a full shuff
 mistake it sees.
 """
 
-import functools
-import importlib
-import inspect
-import json
-import os
 import subprocess
-import sys
-import textwrap
-import types
 from collections import Counter
 
 import numpy as np
 
 from .. import shufflebench, twopass
+from . import fresh
 from .checks import CheckFailed, passed
 
 CLASSES, PER_CLASS, BUCKETS, BATCH = 10, 400, 8, 64
@@ -45,83 +38,29 @@ def _two_pass_order(bucket_for, shuffle):
     return np.concatenate([shuffle(list(b), 0, i) for i, b in enumerate(buckets) if b]).astype(int)
 
 
-def _global_names(code):
-    """The global names ``code`` reads, its comprehensions' and inner functions' included."""
-    inner = [_global_names(const) for const in code.co_consts if isinstance(const, types.CodeType)]
-    return set(code.co_names).union(*inner)
-
-
-def _imported_as(value):
-    """``[module, [attribute, ...]]`` by which another process imports ``value`` (a module, or a
-    function or class a module defines, such as hashlib.blake2b), or None."""
-    if isinstance(value, types.ModuleType):
-        return [value.__name__, []]
-    module, path = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(path, str) or module == "__main__":
-        return None
-    try:
-        found = functools.reduce(getattr, path.split("."), importlib.import_module(module))
-    except (ImportError, AttributeError):
-        return None
-    return [module, path.split(".")] if found is value else None
-
-
-def _program(function):
-    """``(program, imports)``: Python that defines ``function`` from its source, imports what it
-    uses, and prints ``[int(function(key, 0, BUCKETS)) for key in keys]`` as JSON; ``imports``
-    (JSON) and ``keys`` (JSON) are its two arguments."""
-    function = inspect.unwrap(function)  # a decorated one, e.g. by functools.lru_cache
-    try:
-        source = textwrap.dedent(inspect.getsource(function))
-    except (OSError, TypeError):
-        source = ""
-    if not source or not function.__name__.isidentifier():
-        raise CheckFailed(
-            f"the check cannot read the source of {function!r}, so it cannot run it in another "
-            "process as a cluster's tasks would: define bucket_for with def, in a cell"
-        )
-    imports = {
-        name: found
-        for name in _global_names(function.__code__) & function.__globals__.keys()
-        if (found := _imported_as(function.__globals__[name]))
-    }
-    program = (
-        "import functools, importlib, json, sys\n"
-        "for name, (module, path) in json.loads(sys.argv[1]).items():\n"
-        "    globals()[name] = functools.reduce(getattr, path, importlib.import_module(module))\n"
-        f"{source}\n"
-        "keys, results = json.loads(sys.argv[2]), sys.stdout\n"
-        "sys.stdout = sys.stderr  # what the function prints goes aside\n"
-        f"results.write(json.dumps([int({function.__name__}(k, 0, {BUCKETS})) for k in keys]))"
-    )
-    return program, json.dumps(imports)
-
-
 def _in_fresh_interpreter(function, keys, hash_seed):
     """``[function(key, 0, BUCKETS) for key in keys]`` computed by another Python process from the
     function's source, with ``PYTHONHASHSEED=hash_seed``; ``CheckFailed`` when it cannot be."""
-    program, imports = _program(function)
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", program, imports, json.dumps(keys)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONHASHSEED": str(hash_seed)},
-            timeout=60,
+        return fresh.run(
+            function, keys, f"[int({{name}}(k, 0, {BUCKETS})) for k in args]", hash_seed
         )
+    except fresh.Unreadable:
+        raise CheckFailed(
+            f"the check cannot read the source of {function!r}, so it cannot run it in another "
+            "process as a cluster's tasks would: define bucket_for with def, in a cell"
+        ) from None
     except subprocess.TimeoutExpired:
         raise CheckFailed(
             f"bucket_for took over 60 s for {len(keys)} keys in a fresh Python process: "
             "hash each key once, nothing more"
         ) from None
-    if done.returncode != 0:
-        error = done.stderr.strip().splitlines() or ["(no error output)"]
+    except fresh.Failed as error:
         raise CheckFailed(
             f"bucket_for failed in a fresh Python process, as a scatter task on another machine "
-            f"runs it: {error[-1]}. Use only its arguments, and modules or functions you import "
+            f"runs it: {error}. Use only its arguments, and modules or functions you import "
             "(hashlib, hashlib.blake2b): nothing else defined in the notebook"
-        )
-    return json.loads(done.stdout)
+        ) from None
 
 
 def _still_together(got, other_seed):
