@@ -124,6 +124,10 @@ def temporary_named_as_a_shard(source, target):
     return count
 
 
+def none_when_skipped(source, target):
+    return atomic(source, target) or None
+
+
 def collect_sorted(executor, task, jobs):
     return sorted(collect_as_completed(executor, task, jobs))
 
@@ -159,6 +163,7 @@ def test_a_temporary_file_in_tempfiles_folder_is_named(shards):
         (kept_on_failure_elsewhere, "a failed task left tmp/"),
         (failure_wrapped, "raised RuntimeError"),
         (temporary_named_as_a_shard, "left tmp-train-000000.tar beside the shards"),
+        (none_when_skipped, "returned [None, None, None]: return 0 for a skipped shard"),
     ],
 )
 def test_each_unsafe_task_is_named(shards, task, named):

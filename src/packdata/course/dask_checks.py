@@ -108,8 +108,11 @@ def _check_skips(task, jobs):
             "a second run rewrote the outputs: when `target` exists it is complete (it was "
             "renamed whole), so return 0 without writing"
         )
-    if any(counts):
-        raise CheckFailed(f"a second run returned {counts}: return 0 for a skipped shard")
+    if any(count != 0 or isinstance(count, bool) for count in counts):
+        raise CheckFailed(
+            f"a second run returned {counts}: return 0 for a skipped shard (a number, so that "
+            "the caller can add up the samples written)"
+        )
 
 
 def _check_failure(task, folder):
