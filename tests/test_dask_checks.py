@@ -4,7 +4,7 @@ collected as they complete pass, and each way to get either wrong is named."""
 import os
 import re
 import tempfile
-from concurrent.futures import as_completed
+from concurrent.futures import as_completed, wait
 from pathlib import Path
 
 import pytest
@@ -128,6 +128,14 @@ def none_when_skipped(source, target):
     return atomic(source, target) or None
 
 
+def collect_the_done_set(executor, task, jobs):
+    futures = {executor.submit(task, job): job for job in jobs}
+    done, _ = wait(futures)
+    # the order of a set: here fixed for the test, the slow job 0 last and the others backwards
+    in_no_order = sorted(done, key=lambda future: (futures[future] == 0, -futures[future]))
+    return [(futures[future], future.result()) for future in in_no_order]
+
+
 def collect_sorted(executor, task, jobs):
     return sorted(collect_as_completed(executor, task, jobs))
 
@@ -202,6 +210,7 @@ def test_collecting_as_completed_passes(capsys):
         (collect_one_at_a_time, "one at a time"),
         (collect_swallowing_failures, "swallowed"),
         (collect_sorted, "or sorted afterwards"),
+        (collect_the_done_set, "which had finished earlier"),
     ],
 )
 def test_each_collecting_mistake_is_named(collect, named):

@@ -295,7 +295,7 @@ def check_shard_task(task, shards):
 
 def _job_task(state):
     """A task for ``check_collect``: job ``SLOW_JOB`` takes 0.3 s, the others 0.02 s; it records
-    how many tasks ran at once, and job ``"fails"`` raises."""
+    how many tasks ran at once and when each finished, and job ``"fails"`` raises."""
 
     def task(job):
         with state["lock"]:
@@ -309,14 +309,25 @@ def _job_task(state):
         finally:
             with state["lock"]:
                 state["running"] -= 1
+                state["finished"][job] = time.perf_counter()
 
     return task
+
+
+def _out_of_turn(order, finished, apart=0.005):
+    """The first pair of jobs in ``order`` that came the other way round from how they finished
+    (more than ``apart`` seconds apart, so that a near tie between two threads never counts), or
+    None."""
+    for earlier, later in zip(order, order[1:]):
+        if finished[earlier] > finished[later] + apart:
+            return earlier, later
+    return None
 
 
 def check_collect(collect):
     """``collect(executor, task, jobs)`` returns ``[(job, result)]`` in the order the results came:
     all submitted first, collected as they complete, a failure raised."""
-    state = {"lock": threading.Lock(), "running": 0, "most": 0}
+    state = {"lock": threading.Lock(), "running": 0, "most": 0, "finished": {}}
     jobs = list(range(6))
     with ThreadPoolExecutor(2) as executor:
         got = list(collect(executor, _job_task(state), jobs))
@@ -331,6 +342,13 @@ def check_collect(collect):
             f"job {SLOW_JOB} takes 0.3 s, the others 0.02 s, yet it came first: the results "
             "come in submission order (collected in that order, or sorted afterwards). Return "
             "them in the order concurrent.futures.as_completed yields them"
+        )
+    swapped = _out_of_turn([job for job, _ in got], state["finished"])
+    if swapped:
+        raise CheckFailed(
+            f"job {swapped[0]} came before job {swapped[1]}, which had finished earlier: the "
+            "results are not in the order they came (a set of done futures has no order). "
+            "Collect them with concurrent.futures.as_completed, one as each completes"
         )
     with ThreadPoolExecutor(2) as executor:
         try:
