@@ -3,7 +3,9 @@ collected as they complete pass, and each way to get either wrong is named."""
 
 import os
 import re
+import shutil
 import tempfile
+import uuid
 from concurrent.futures import as_completed, wait
 from pathlib import Path
 
@@ -152,12 +154,29 @@ def test_an_atomic_task_passes(shards, capsys):
     assert capsys.readouterr().out.count("✓") == 1
 
 
+def in_the_system_tmp(source, target):
+    """A temporary file under /tmp, named in full, moved onto ``target`` when whole."""
+    target = Path(target)
+    if target.exists():
+        return 0
+    temporary = Path("/tmp") / f"{uuid.uuid4().hex}-{target.name}"
+    try:
+        count = write(resized(source), temporary)
+        shutil.move(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return count
+
+
 def test_a_temporary_file_in_tempfiles_folder_is_named(shards):
     # there, on a cluster, it is on another file system than the shards: no atomic rename
     with pytest.raises(CheckFailed, match="not beside `target`: on a cluster"):
         check_shard_task(
             lambda source, target: atomic(source, target, folder=tempfile.gettempdir()), shards
         )
+    with pytest.raises(CheckFailed, match="not beside `target`: on a cluster"):
+        check_shard_task(in_the_system_tmp, shards)
 
 
 @pytest.mark.parametrize(

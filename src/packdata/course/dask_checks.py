@@ -23,6 +23,7 @@ from ..shardread import iter_shard_samples
 from ..shardwrite import write_tar
 from .checks import CheckFailed, passed
 
+SYSTEM_TMP = Path("/tmp")  # where a temporary file goes when a task names the folder itself
 SLOW_JOB = 0  # the job the collect check makes slow: submitted first, done last
 
 
@@ -158,46 +159,63 @@ def _long_shard(shards, path, least=200):
     return path
 
 
-def _stall_resizes_once_writing(folder):
+def _stall_resizes_once_writing(writing):
     """In this (forked) process, ``resize_sample``, under every name a module holds it by, blocks
-    for good from its second call on once a file is under ``folder``: a task that streams its
-    samples into a file is then always caught writing, however fast the machine."""
+    for good from its second call on once ``writing()`` is true: a task that streams its samples
+    into a file is then always caught writing, however fast the machine."""
     calls, resize = itertools.count(), resize_sample
 
     def resize_or_stall(*args, **kwargs):
-        if next(calls) and any(folder.iterdir()):
+        if next(calls) and writing():
             threading.Event().wait()
         return resize(*args, **kwargs)
 
     for module in list(sys.modules.values()):
         for name, value in list(getattr(module, "__dict__", {}).items()):
-            if value is resize_sample:
+            if value is resize:  # not the global: this module's own name is replaced on the way
                 setattr(module, name, resize_or_stall)
 
 
-def _stalled_task(task, source, target):
-    """``task(source, target)`` in the forked process, stalled once it writes."""
-    _stall_resizes_once_writing(Path(target).parent)
+def _written_in(watched, before):
+    """The folders of ``watched`` (folder: a part of the name to look for, "" for any) that hold
+    a file that was not in ``before``."""
+    return [
+        folder
+        for folder, named in watched.items()
+        if any(named in path.name for path in set(folder.iterdir()) - before[folder])
+    ]
+
+
+def _stalled_task(task, source, target, watched, before):
+    """``task(source, target)`` in the forked process, stalled once it writes a watched file."""
+    _stall_resizes_once_writing(lambda: _written_in(watched, before))
     task(source, target)
 
 
 def _killed_while_writing(task, source, target):
     """Run ``task(source, target)`` in a forked process and kill it (SIGKILL, as an engine does
-    with a lost worker) as soon as it creates a file in ``target``'s folder (there it stalls at its
-    next sample, so the kill finds it mid-write) or in tempfile's; return that folder (None when
-    the task ended first)."""
-    watched = (target.parent, Path(tempfile.gettempdir()))
+    with a lost worker) once it creates a file in ``target``'s folder, in tempfile's, or one named
+    after ``target`` in /tmp (where other processes' files come and go too): it stalls at its next
+    sample there, so the kill finds it mid-write. Return that folder (None when the task ended
+    first); what the killed task left in /tmp is removed."""
+    watched = {target.parent: "", Path(tempfile.gettempdir()): ""}
+    if SYSTEM_TMP.is_dir():
+        watched.setdefault(SYSTEM_TMP, target.name)
     before = {folder: set(folder.iterdir()) for folder in watched}
     child = multiprocessing.get_context("fork").Process(
-        target=_stalled_task, args=(task, source, target)
+        target=_stalled_task, args=(task, source, target, watched, before)
     )
     child.start()
     wrote_in = []
     while child.is_alive() and not wrote_in:
-        wrote_in = [folder for folder in watched if set(folder.iterdir()) - before[folder]]
-        time.sleep(0.0005)
+        wrote_in = _written_in(watched, before)
+        time.sleep(0.001)
     child.kill()
     child.join()
+    if SYSTEM_TMP in watched:
+        for path in set(SYSTEM_TMP.iterdir()) - before[SYSTEM_TMP]:
+            if target.name in path.name and path.is_file():
+                path.unlink(missing_ok=True)
     return wrote_in[0] if wrote_in else None
 
 
@@ -216,7 +234,7 @@ def _check_kill(task, shards, folder):
     source = _long_shard(shards, folder / "long" / "train-000000.tar")
     target = folder / "out-killed" / "train-000000.tar"
     target.parent.mkdir()
-    if _killed_while_writing(task, source, target) == Path(tempfile.gettempdir()):
+    if _killed_while_writing(task, source, target) in (Path(tempfile.gettempdir()), SYSTEM_TMP):
         raise CheckFailed(
             "the task made its temporary file in tempfile's own folder, not beside `target`: on "
             "a cluster that is another file system (a node's /tmp, the shards on shared "
