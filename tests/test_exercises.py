@@ -1308,6 +1308,31 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_common_full_steps", full_steps_with_short_batches, "short last batch"),
         ("check_common_full_steps", full_steps_shared_out, "its own workers deliver"),
         ("check_common_full_steps", full_steps_as_a_float, "an int"),
+        (
+            "check_common_full_steps",
+            lambda ranks, b: sum(sum(n // b for n in rank) for rank in ranks),
+            "you added up the steps of every rank",
+        ),
+        (
+            "check_common_full_steps",
+            lambda ranks, b: min(sum(round(n / b) for n in rank) for rank in ranks),
+            "counts a short last batch when it is at least half full",
+        ),
+        (
+            "check_common_full_steps",
+            lambda ranks, b: full_steps_right(ranks, b) - 1,
+            "one step fewer than every rank can run",
+        ),
+        (
+            "check_samples_per_shard",
+            lambda lat, bw, b, e: math.ceil(costmodel.size_for_efficiency(lat, bw, e)),
+            "that is the shard's size in bytes",
+        ),
+        (
+            "check_samples_per_shard",
+            lambda lat, bw, b, e: math.ceil(costmodel.size_for_efficiency(lat / 1000, bw, e) / b),
+            "about 1,000 times off",
+        ),
     ],
 )
 def test_check_names_the_mistake(name, wrong, hint, tiny_dataset):

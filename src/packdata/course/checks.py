@@ -557,6 +557,21 @@ def check_samples_per_shard(samples_per_shard):
                 f"{call} {mismatch(got, expected)}: one too many. When the size is already a "
                 "whole number of samples, math.ceil keeps it; int(x) + 1 does not."
             )
+        size = size_for_efficiency(latency, bandwidth, efficiency)
+        if got != expected and abs(got - size) <= 1:
+            raise CheckFailed(
+                f"{call} {mismatch(got, expected)}: that is the shard's size in bytes. Divide it "
+                "by the bytes of a sample (mean_bytes), then round up."
+            )
+        slips = [
+            math.ceil(size_for_efficiency(latency * f, bandwidth, efficiency) / mean_bytes)
+            for f in (1e-3, 1e3)  # the latency taken for milliseconds, or made into them
+        ]
+        if got != expected and got in slips:
+            raise CheckFailed(
+                f"{call} {mismatch(got, expected)}: about 1,000 times off. The latency comes in "
+                "seconds and the bandwidth in bytes per second: use them as they are."
+            )
         if got != expected:
             raise CheckFailed(
                 f"{call} {mismatch(got, expected)}. Solve size / (size + latency × bandwidth) = "
@@ -725,6 +740,21 @@ def check_common_full_steps(common_full_steps):
             "you shared all the samples out among the ranks; but a rank can only run the batches "
             "its own workers deliver. Count per rank, then take the fewest.",
             lambda ranks, b: full(sum(map(sum, ranks)), b * len(ranks)),
+        ),
+        (
+            "you added up the steps of every rank; but the ranks step together, each through its "
+            "own batches. Take the fewest that any rank can run.",
+            lambda ranks, b: sum(sum(full(n, b) for n in rank) for rank in ranks),
+        ),
+        (
+            "round() counts a short last batch when it is at least half full; drop_last=True "
+            "drops every short batch. Divide with //.",
+            lambda ranks, b: min(sum(round(n / b) for n in rank) for rank in ranks),
+        ),
+        (
+            "one step fewer than every rank can run: the last full batch of the shortest rank "
+            "counts too.",
+            lambda ranks, b: _common_full_steps(ranks, b) - 1,
         ),
     ]
     for samples_per_worker, batch_size in cases:
