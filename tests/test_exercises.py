@@ -670,6 +670,12 @@ def stage_with_the_copy_as_an_epoch(copy_s, remote_epoch_s, local_epoch_s, epoch
     return "stage" if staged < epochs * remote_epoch_s else "stream"
 
 
+def stage_past_the_break_even(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    if size > scratch or remote_epoch_s == local_epoch_s:
+        return "stream"
+    return "stage" if epochs > copy_s / (remote_epoch_s - local_epoch_s) else "stream"
+
+
 def stream_when_it_just_fits(*case):
     *_, scratch, size = case
     return "stream" if size >= scratch else stage_or_stream_right(*case)
@@ -1296,6 +1302,7 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_stage_or_stream", stage_as_a_bool, "return the string 'stage'"),
         ("check_stage_or_stream", stage_on_a_tie, "on a tie, stream"),
         ("check_stage_or_stream", stage_with_the_copy_as_an_epoch, "the copy is not an epoch"),
+        ("check_stage_or_stream", stage_past_the_break_even, "staging never pays back"),
         ("check_stage_or_stream", stream_when_it_just_fits, "exactly as big as the free space"),
         (
             "check_samples_per_shard",

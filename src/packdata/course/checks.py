@@ -646,6 +646,14 @@ def check_stage_or_stream(stage_or_stream):
             lambda c, r, loc, e, scratch, size: _stage_or_stream(c, r, loc, e, scratch - 1, size),
         ),
         (
+            "when the disk is slower than the network (local_epoch_s > remote_epoch_s), staging "
+            "never pays back: a break-even of copy_s / (remote_epoch_s - local_epoch_s) epochs "
+            "is then negative, and every number of epochs passes it.",
+            lambda c, r, loc, e, scratch, size: (
+                "stage" if size <= scratch and r != loc and e > c / (r - loc) else "stream"
+            ),
+        ),
+        (
             "fitting on scratch is not enough: staging must also save time, and it does not "
             "when there are few epochs, or when the disk is no faster than the network.",
             lambda c, r, loc, e, scratch, size: "stage" if size <= scratch else "stream",
