@@ -39,6 +39,18 @@ def write(samples, path):
     return count
 
 
+def through(temporary, target, samples, move=os.replace):
+    """Write ``samples`` to ``temporary``, then ``move`` it onto ``target``; remove it when that
+    fails. The samples written."""
+    try:
+        count = write(samples, temporary)
+        move(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return count
+
+
 def atomic(source, target, samples=resized, folder=None):
     """The lesson's answer: a hidden temporary file in ``folder`` (``target``'s own by default),
     renamed onto ``target`` when whole, removed when the task fails."""
@@ -47,13 +59,7 @@ def atomic(source, target, samples=resized, folder=None):
         return 0
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder or target.parent)
     os.close(handle)
-    try:
-        count = write(samples(source), temporary)
-        os.replace(temporary, target)
-    except BaseException:
-        os.unlink(temporary)
-        raise
-    return count
+    return through(temporary, target, samples(source))
 
 
 def straight_to_target(source, target):
@@ -101,14 +107,8 @@ def stuck_on_a_stale_temporary(source, target):
     if Path(target).exists():
         return 0
     temporary = Path(target).with_name(f".{Path(target).name}.partial")
-    try:
-        temporary.touch(exist_ok=False)
-        count = write(resized(source), temporary)
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return count
+    temporary.touch(exist_ok=False)
+    return through(temporary, target, resized(source))
 
 
 def temporary_named_as_a_shard(source, target):
@@ -116,14 +116,7 @@ def temporary_named_as_a_shard(source, target):
     target = Path(target)
     if target.exists():
         return 0
-    temporary = target.with_name(f"tmp-{target.name}")
-    try:
-        count = write(resized(source), temporary)
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return count
+    return through(target.with_name(f"tmp-{target.name}"), target, resized(source))
 
 
 def none_when_skipped(source, target):
@@ -160,13 +153,7 @@ def in_the_system_tmp(source, target):
     if target.exists():
         return 0
     temporary = Path("/tmp") / f"{uuid.uuid4().hex}-{target.name}"
-    try:
-        count = write(resized(source), temporary)
-        shutil.move(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return count
+    return through(temporary, target, resized(source), move=shutil.move)
 
 
 def test_a_temporary_file_in_tempfiles_folder_is_named(shards):

@@ -347,27 +347,44 @@ def buffer_right(samples, size, rng):
     return shuffle_buffer(samples, size, rng)
 
 
-def buffer_that_drains(drain):
-    """A learner's shuffle buffer that gets the end wrong: what is left in it goes out through
-    ``drain``."""
+def shuffled(rest, rng):
+    rng.shuffle(rest)
+    return rest
+
+
+def mistaken_buffer(
+    drain=shuffled, pick=lambda rng, size: rng.randrange(size), beside=False, kept=False
+):
+    """A learner's shuffle buffer, right but for what is given: what is left goes out through
+    ``drain(rest, rng)``, the sample to yield is at ``pick(rng, size)``, with ``beside`` the
+    newcomer goes beside it instead of into its place, and with ``kept`` one buffer serves every
+    call (as a ``buffer=[]`` default would)."""
+    every_call = []
 
     def buffer_fn(samples, size, rng):
-        buffer = []
+        buffer = every_call if kept else []
         for sample in samples:
             if len(buffer) < size:
                 buffer.append(sample)
                 continue
-            index = rng.randrange(size)
+            index = pick(rng, size)
             yield buffer[index]
-            buffer[index] = sample
-        yield from drain(buffer)
+            if beside:
+                buffer.append(sample)
+            else:
+                buffer[index] = sample
+        yield from drain(buffer, rng)
 
     return buffer_fn
 
 
-buffer_without_drain = buffer_that_drains(lambda rest: ())  # what is left is lost
-# what is left comes out in the order it went in
-buffer_with_unshuffled_drain = buffer_that_drains(lambda rest: rest)
+buffer_without_drain = mistaken_buffer(drain=lambda rest, rng: ())  # what is left is lost
+# what is left comes out in the order it went in, or reversed
+buffer_with_unshuffled_drain = mistaken_buffer(drain=lambda rest, rng: rest)
+buffer_with_a_reversed_drain = mistaken_buffer(drain=lambda rest, rng: reversed(rest))
+buffer_past_its_end = mistaken_buffer(pick=lambda rng, size: rng.randint(0, size))
+buffer_never_picking_its_last_slot = mistaken_buffer(pick=lambda rng, size: rng.randrange(size - 1))
+buffer_beside_the_newcomer = mistaken_buffer(beside=True)
 
 
 def buffer_that_yields_at_once(samples, size, rng):
@@ -412,64 +429,6 @@ def buffer_by_blocks(samples, size, rng):
             buffer = []
     rng.shuffle(buffer)
     yield from buffer
-
-
-def buffer_past_its_end(samples, size, rng):
-    buffer = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        index = rng.randint(0, size)
-        yield buffer[index]
-        buffer[index] = sample
-    rng.shuffle(buffer)
-    yield from buffer
-
-
-def buffer_beside_the_newcomer(samples, size, rng):
-    buffer = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        yield buffer[rng.randrange(size)]
-        buffer.append(sample)
-    rng.shuffle(buffer)
-    yield from buffer
-
-
-def buffer_never_picking_its_last_slot(samples, size, rng):
-    buffer = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        index = rng.randrange(size - 1)
-        yield buffer[index]
-        buffer[index] = sample
-    rng.shuffle(buffer)
-    yield from buffer
-
-
-def buffer_kept_between_calls():
-    kept = []
-
-    def buffer_fn(samples, size, rng):
-        for sample in samples:
-            if len(kept) < size:
-                kept.append(sample)
-                continue
-            index = rng.randrange(size)
-            yield kept[index]
-            kept[index] = sample
-        rng.shuffle(kept)
-        yield from kept
-
-    return buffer_fn
-
-
-buffer_with_a_reversed_drain = buffer_that_drains(lambda rest: reversed(rest))
 
 
 CASES.update(
@@ -1271,7 +1230,7 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_shuffle_buffer", buffer_never_picking_its_last_slot, "leaves out the last one"),
         ("check_shuffle_buffer", buffer_past_its_end, "it indexed past the buffer"),
         ("check_shuffle_buffer", buffer_beside_the_newcomer, "more than once"),
-        ("check_shuffle_buffer", buffer_kept_between_calls(), "outlived the first call"),
+        ("check_shuffle_buffer", mistaken_buffer(kept=True), "outlived the first call"),
         ("check_shuffle_buffer", buffer_with_a_reversed_drain, "the final drain ignores rng"),
         (
             "check_shuffle_buffer",

@@ -222,26 +222,26 @@ def test_buckets_uneven_for_another_seed_are_named():
         shuffle_checks.check_bucket_for(bucket_doubled_by_the_seed)
 
 
-def test_the_exercise_checks_pass_the_package_s_functions_and_name_a_mistake():
+def test_the_exercise_checks_pass_the_package_s_functions():
     shuffle_checks.check_bucket_for(bucket_of)
     shuffle_checks.check_shuffle_bucket(shuffle_bucket)
-    with pytest.raises(CheckFailed, match="same buckets"):
-        shuffle_checks.check_bucket_for(bucket_without_the_seed)
-    with pytest.raises(CheckFailed, match="not numbers"):
-        shuffle_checks.check_bucket_for(lambda key, seed, buckets: (int(key) + seed) % buckets)
-    with pytest.raises(CheckFailed, match="only renames it"):
-        shuffle_checks.check_bucket_for(bucket_renamed_by_the_seed)
-    with pytest.raises(CheckFailed, match="zlib.crc32 is linear"):
-        shuffle_checks.check_bucket_for(bucket_by_crc32)
-    with pytest.raises(CheckFailed, match="str's hash"):
-        shuffle_checks.check_bucket_for(bucket_by_str_hash)
-    with pytest.raises(CheckFailed, match=r"bucket_for\(key, 0, 5\) returned [567]"):
-        shuffle_checks.check_bucket_for(bucket_of_eight)
-    with pytest.raises(CheckFailed, match="not a rotation"):
-        shuffle_checks.check_shuffle_bucket(shuffle_rotated)
-    with pytest.raises(CheckFailed, match="nothing random decides it"):
-        shuffle_checks.check_shuffle_bucket(shuffle_reversed)
-    with pytest.raises(CheckFailed, match=r"seed \+ bucket makes every pair"):
-        shuffle_checks.check_shuffle_bucket(shuffle_by_seed_plus_bucket)
-    with pytest.raises(CheckFailed, match="in its input order"):
-        shuffle_checks.check_shuffle_bucket(lambda samples, seed, bucket: samples)
+
+
+@pytest.mark.parametrize(
+    ("check", "wrong", "named"),
+    [
+        ("check_bucket_for", bucket_without_the_seed, "same buckets"),
+        ("check_bucket_for", lambda key, seed, buckets: (int(key) + seed) % buckets, "not numbers"),
+        ("check_bucket_for", bucket_renamed_by_the_seed, "only renames it"),
+        ("check_bucket_for", bucket_by_crc32, "zlib.crc32 is linear"),
+        ("check_bucket_for", bucket_by_str_hash, "str's hash"),
+        ("check_bucket_for", bucket_of_eight, r"bucket_for\(key, 0, 5\) returned [567]"),
+        ("check_shuffle_bucket", shuffle_rotated, "not a rotation"),
+        ("check_shuffle_bucket", shuffle_reversed, "nothing random decides it"),
+        ("check_shuffle_bucket", shuffle_by_seed_plus_bucket, r"seed \+ bucket makes every pair"),
+        ("check_shuffle_bucket", lambda samples, seed, bucket: samples, "in its input order"),
+    ],
+)
+def test_the_exercise_checks_name_each_mistake(check, wrong, named):
+    with pytest.raises(CheckFailed, match=named):
+        getattr(shuffle_checks, check)(wrong)
