@@ -103,3 +103,12 @@ def test_epochs_of_refuses_a_short_epoch():
     run = compare.epochs_of(Numbers(10, 12), batch_size=4, sampler=range(10))
     with pytest.raises(SampleCountError, match="delivered 10 samples but len"):
         run()
+
+
+def test_a_long_verdict_breaks_between_its_parts_to_fit_a_slide():
+    comparison = compare.Comparison({"x" * 40: [10, 11, 12], "y" * 30: [10, 11, 12]})
+    verdict = comparison.verdict("x" * 40, "y" * 30)
+    assert verdict.endswith(compare.NO_CLEAR_DIFFERENCE)
+    assert max(map(len, verdict.splitlines())) <= 88 and verdict.count("\n") == 1
+    short = compare.Comparison({"a": [1, 2, 3], "b": [1, 2, 3]}).verdict("a", "b")
+    assert "\n" not in short

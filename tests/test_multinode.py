@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from packdata import shardread, shardwrite
-from packdata.multinode import gpus_per_node, launch_nodes, stop
+from packdata.multinode import gpus_per_node, last_lines, launch_nodes, stop
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
@@ -93,3 +93,11 @@ def test_stopping_a_launch_stops_its_ranks(tmp_path):
 def test_each_launch_sees_gpus_of_its_own_or_none(monkeypatch, visible, nodes, procs, expected):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert gpus_per_node(nodes, procs) == expected
+
+
+def test_last_lines_keep_the_end_of_a_failure_narrow_enough_for_a_slide():
+    output = "starting\n\n" + "x" * 200 + "\nRuntimeError: the rendezvous timed out\n  \n"
+    shown = last_lines(output, count=2, width=88)
+    assert shown.splitlines()[-1] == "RuntimeError: the rendezvous timed out"
+    assert "starting" not in shown and max(map(len, shown.splitlines())) <= 88
+    assert shown.replace("\n  ", "").startswith("x" * 200)

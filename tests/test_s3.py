@@ -3,6 +3,7 @@ back."""
 
 import os
 import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -88,12 +89,18 @@ def test_anonymous_http_reads_need_public_objects(server, shard_paths):
     assert error.value.code == 403
 
 
-def test_the_pipe_command_streams_an_object(server, shard_paths):
+def test_the_pipe_command_streams_an_object(server, shard_paths, tmp_path, monkeypatch):
     s3.client().create_bucket(Bucket="piped")
     url = s3.upload_files(shard_paths[:1], "piped")[0]
-    command = s3.pipe_url(url).removeprefix("pipe:").split()
+    # an interpreter whose path has a space, as under /Users/Jane Doe/
+    python = tmp_path / "a folder" / "python"
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    command = s3.pipe_url(url).removeprefix("pipe:")  # webdataset runs it through a shell
     assert (
-        subprocess.run(command, capture_output=True, check=True).stdout
+        subprocess.run(command, shell=True, capture_output=True, check=True).stdout
         == shard_paths[0].read_bytes()
     )
 

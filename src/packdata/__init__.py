@@ -4,6 +4,7 @@ One module per idea, listed from the lowest layer up: a module imports only from
 the layers listed before it (``tests/test_architecture.py`` holds the package to that).
 
 Bytes and processes
+- ``system``      — versions, cores and accelerator of this machine
 - ``atomic``      — files and folders that appear under their name only once complete
 - ``perprocess``  — state of one process: file handles, connections, a function in a pool's workers
 - ``readahead``   — the next shards fetched by a background thread while this one is read
@@ -62,7 +63,6 @@ Storage and servers
 - ``shardcache``  — remote shards cached on local disk: a byte limit, LRU, one download per shard
 - ``cachebench``  — stream, stage or cache, measured side by side on the emulated store
 - ``s3``          — an S3 server on loopback (moto, its own process); boto3, s3fs by one setting
-- ``system``      — versions, cores and accelerator of this machine
 
 Clusters
 - ``localslurm``  — a one-node Slurm on loopback: munged, slurmctld, slurmd from a private folder

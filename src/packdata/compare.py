@@ -20,6 +20,18 @@ from .bench import SampleCountError, count_samples
 NO_CLEAR_DIFFERENCE = "no clear difference: the rounds overlap"
 
 
+def sentence(*parts, width=88):
+    """``parts`` joined by spaces, a line at most ``width`` columns where the parts allow: a part
+    that would pass it starts a new line, indented, so that a verdict fits a slide."""
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 1 + len(part) <= width:
+            lines[-1] += " " + part
+        else:
+            lines.append("  " + part)
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Ratio:
     """``top / bottom``: the ratio of the medians, and the lowest and highest ratio of a round's
@@ -72,7 +84,7 @@ class Comparison:
         """``top`` against ``bottom`` in words, with the ratio and its spread: ``faster`` or
         ``slower`` only when the rounds do not overlap."""
         words = {1: faster, -1: slower, 0: NO_CLEAR_DIFFERENCE}[self.clearly(top, bottom)]
-        return f"{top} / {bottom}: {self.ratio(top, bottom)}: {words}"
+        return sentence(f"{top} / {bottom}:", f"{self.ratio(top, bottom)}:", words)
 
     def alike(self, top, bottom, within=0.1, alike="alike", unlike="unlike"):
         """``top`` against ``bottom`` in words, where the point is that they cost the same:
@@ -89,7 +101,7 @@ class Comparison:
             words = unlike
         else:
             words = f"no clear verdict: {'the rounds' if clearly else 'the medians'} differ"
-        return f"{top} / {bottom}: {ratio}: {words}"
+        return sentence(f"{top} / {bottom}:", f"{ratio}:", words)
 
     def __str__(self):
         width = max(map(len, self.rates))

@@ -172,7 +172,7 @@ def fs_overhead(root):
         "apparent_bytes": apparent,
         "allocated_bytes": allocated,
         "mean_file_bytes": apparent / files if files else 0.0,
-        "block_size": os.statvfs(root).f_bsize,
+        "block_size": os.statvfs(root).f_frsize,  # the unit of allocation (f_bsize: of I/O)
         "waste_fraction": 1 - apparent / allocated if allocated else 0.0,
     }
 

@@ -2,8 +2,8 @@
 versions.
 
     client = HttpClient("http://127.0.0.1:8080/")
-    client.get("shapes/train-000000.tar")                  # the whole body; 404 is
-    FileNotFoundError client.get_range("shapes/train.tar", 512, 1024)        # one Range GET
+    client.get("shapes/train-000000.tar")  # the whole body; 404 is FileNotFoundError
+    client.get_range("shapes/train.tar", 512, 1024)  # one Range GET
     zipfile.ZipFile(HttpRangeFile("http://127.0.0.1:8080/shapes/train.zip"))
 
 Every error names the request. A server that sends ``file_etag`` (both servers of the course do)

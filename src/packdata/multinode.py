@@ -14,6 +14,7 @@ as they join, so launch 0 is not always node rank 0.
 import os
 import subprocess
 import sys
+import textwrap
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -123,3 +124,10 @@ def stop(launch):
 def _text(output):
     """What a cut-short ``communicate()`` kept (bytes, text or None), as text."""
     return output if isinstance(output, str) else (output or b"").decode(errors="replace")
+
+
+def last_lines(text, count=5, width=88):
+    """The last ``count`` lines of ``text`` that hold something (a failed launch's output ends with
+    its error), each wrapped to ``width`` columns so that they fit a slide."""
+    lines = [line for line in text.splitlines() if line.strip()][-count:]
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="  ") for line in lines)

@@ -8,9 +8,8 @@ the dataset is pickled, and an open file cannot be. ``PerProcessHandle`` avoids 
 first use in each process (keyed by process id), pickles as its opener alone, and closes its handle
 when the process exits.
 
-    self.zip = PerProcessHandle(functools.partial(zipfile.ZipFile, path))   # in __init__: nothing
-    opened yet self.zip.get().read(name)                                                # in
-    __getitem__: this process's own
+    self.zip = PerProcessHandle(functools.partial(zipfile.ZipFile, path))  # in __init__
+    self.zip.get().read(name)  # in __getitem__: opens this process's own on first use
 
 ``map_in_processes`` is the same idea for a process pool: the function (with whatever large state it
 carries) is sent to each worker once, not with every item.

@@ -1,11 +1,11 @@
 """Shards in an S3 bucket: a real S3-protocol server on loopback (moto's server mode), and clients
 that find any S3 endpoint through one setting.
 
-    with S3Server():                                  # sets AWS_ENDPOINT_URL (and dummy keys) while
-    it runs
-        s3 = client()                                 # plain boto3: the same line works against
-        AWS, MinIO, Ceph... s3.create_bucket(Bucket="shapes") upload_files(["train-000000.tar"],
-        "shapes") filesystem().cat("shapes/train-000000.tar")   # s3fs reads it back
+    with S3Server():  # sets AWS_ENDPOINT_URL (and dummy keys) while it runs
+        s3 = client()  # plain boto3: the same line works against AWS, MinIO, Ceph...
+        s3.create_bucket(Bucket="shapes")
+        upload_files(["train-000000.tar"], "shapes")
+        filesystem().cat("shapes/train-000000.tar")  # s3fs reads it back
 
 The one setting is the endpoint URL: boto3, s3fs and the AWS command line all read
 ``AWS_ENDPOINT_URL`` (or take ``endpoint_url=``). Unset, they talk to Amazon S3 itself with your
@@ -17,6 +17,7 @@ usual credentials.
 
 import logging
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -141,7 +142,7 @@ def http_url(url, endpoint_url=None):
 def pipe_url(url):
     """A webdataset ``pipe:`` URL that streams ``s3://bucket/key`` through this module's command
     line."""
-    return f"pipe:{sys.executable} -m packdata.s3 {url}"
+    return f"pipe:{shlex.quote(sys.executable)} -m packdata.s3 {shlex.quote(url)}"
 
 
 def serve(host, verbose):

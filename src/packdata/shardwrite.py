@@ -1,10 +1,9 @@
 """Write, split and join tar shards in webdataset layout (``<key>.jpg``, ``<key>.cls``, …).
 
-    write_shards(root, "data/shards", maxcount=1000)        # the dataset folder, shuffled, 1,000
-    samples a shard write_shards(torchvision_dataset, "data/shards")        # any map-style dataset
-    of (image, label) split_tar("train.tar", "data/shards", maxsize=10e6)     # one big tar into
-    shards, samples kept whole cat_shards(["a.tar", "b.tar"], "ab.tar")                # shards into
-    one
+    write_shards(root, "data/shards", maxcount=1000)  # a dataset folder, shuffled, 1,000 a shard
+    write_shards(torchvision_dataset, "data/shards")  # any map-style dataset of (image, label)
+    split_tar("train.tar", "data/shards", maxsize=10e6)  # a big tar into shards, samples whole
+    cat_shards(["a.tar", "b.tar"], "ab.tar")  # shards into one
 
 A set of shards appears only once all of it is written: the shards are written into a hidden folder,
 then moved into place, and older shards of the same prefix beyond the new set removed; a failed run

@@ -15,8 +15,8 @@ order is a function of seed, epoch, rank and worker, so a worker's place in it i
 ``set_epoch`` picks a new shard order; the shuffle buffer then mixes samples from the shards a
 worker has open.
 
-    dataset = ShardDataset("data/shards/train-{000000..000009}.tar", buffer_size=1000, rank=0,
-    world_size=1) loader = DataLoader(dataset, batch_size=64, num_workers=2)
+    dataset = ShardDataset("data/shards/train-{000000..000009}.tar", buffer_size=1000)
+    loader = DataLoader(dataset, batch_size=64, num_workers=2)
 """
 
 import operator

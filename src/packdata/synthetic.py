@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw
 from .imagefolder import data_dir, is_dataset, load_manifest, write_dataset
 from .images import encode_jpeg
 from .perprocess import map_in_processes
+from .system import usable_cores
 
 CLASSES = (
     "arrow",
@@ -258,7 +259,7 @@ def generate(kind, root, count, seed, force=False, progress=True):
         if all(manifest.get(name) == value for name, value in wanted.items()):
             return root
     draw = partial(rendered, render=kind.render, seed=seed)
-    workers = min(os.cpu_count() or 1, count // kind.per_worker)
+    workers = min(usable_cores(), count // kind.per_worker)
     chunks = max(1, kind.per_worker // 10)
     samples = map_in_processes(draw, enumerate(_balanced_labels(count)), workers, chunksize=chunks)
     return write_dataset(

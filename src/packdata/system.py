@@ -5,10 +5,12 @@ import math
 import multiprocessing
 import os
 import platform
+import shutil
 from importlib import metadata
 from pathlib import Path
 
 CGROUP_ROOT = "/sys/fs/cgroup"  # where a container sees its own cgroup
+CGROUP_LISTING = "/proc/self/cgroup"  # this process's cgroup in each hierarchy
 PACKAGES = ("torch", "torchvision", "webdataset", "numpy", "pillow", "jupytext", "matplotlib")
 
 
@@ -19,8 +21,23 @@ def usable_cores():
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         cores = os.cpu_count() or 1
-    quota = cgroup_cpu_quota(CGROUP_ROOT)
-    return cores if quota is None else min(cores, quota)
+    quotas = (cgroup_cpu_quota(folder) for folder in cgroup_folders(CGROUP_ROOT, CGROUP_LISTING))
+    return min([cores, *(quota for quota in quotas if quota is not None)])
+
+
+def cgroup_folders(root, listing):
+    """The folder of this process's cgroup v2 under ``root``, then each one above it up to ``root``:
+    a quota on any of them binds. In a container the process's cgroup is the root; under systemd it
+    lies below (The Littlest JupyterHub gives each user a service of its own, with its own CPU
+    quota). Just ``root`` where ``listing`` (``/proc/self/cgroup``) names no v2 cgroup."""
+    root = Path(root)
+    try:
+        lines = Path(listing).read_text().splitlines()
+    except OSError:
+        return [root]
+    own = next((line[3:] for line in lines if line.startswith("0::")), "/")
+    parts = [part for part in own.split("/") if part not in ("", ".", "..")]
+    return [root.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
 
 
 def cgroup_cpu_quota(root):
@@ -73,6 +90,8 @@ def environment_report():
         import torch
 
         report["GPU"] = torch.cuda.get_device_name(device)
+    # webdataset reads http:// shards by running curl
+    report["curl"] = shutil.which("curl") or "missing: webdataset cannot read http:// shards"
     for name in PACKAGES:
         try:
             report[name] = metadata.version(name)

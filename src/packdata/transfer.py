@@ -2,10 +2,10 @@
 local scratch.
 
     client = DatasetClient(service.url)
-    manifest = upload_objects(client, "shapes-objects", root)         # one PUT per image (and the
-    manifest) uploaded = upload_shards(client, "shapes-shards", root, maxcount=1000, processes=2)
-    ShardDataset([s.url for s in uploaded], sizes=[s.samples for s in uploaded]) local =
-    stage([s.url for s in uploaded], "/scratch/shapes")       # copy once, then train from disk
+    manifest = upload_objects(client, "shapes-objects", root)  # a PUT per image, and the manifest
+    uploaded = upload_shards(client, "shapes-shards", root, maxcount=1000, processes=2)
+    ShardDataset([s.url for s in uploaded], sizes=[s.samples for s in uploaded])
+    local = stage([s.url for s in uploaded], "/scratch/shapes")  # copy once, train from disk
 
 Uploads and downloads run in threads: they wait on the network, so they overlap even on one core.
 """
