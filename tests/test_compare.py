@@ -1,6 +1,8 @@
 """compare: configurations take turns round by round, and a verdict needs rounds that do not
 overlap."""
 
+import multiprocessing
+
 import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
@@ -103,6 +105,17 @@ def test_epochs_of_refuses_a_short_epoch():
     run = compare.epochs_of(Numbers(10, 12), batch_size=4, sampler=range(10))
     with pytest.raises(SampleCountError, match="delivered 10 samples but len"):
         run()
+
+
+def test_in_turn_lets_the_workers_go_once_it_is_done():
+    """Loaders measured in a lesson would otherwise keep their workers for the rest of it: under
+    spawn or forkserver each holds a PyTorch of its own."""
+    runs = {"1 worker": compare.epochs_of(Numbers(10, 10), batch_size=4, num_workers=1)}
+    runs["1 worker"]()
+    assert len(multiprocessing.active_children()) == 1
+    compare.in_turn(runs, rounds=2, warmup=False)
+    assert multiprocessing.active_children() == []
+    assert runs["1 worker"]() == 10  # a later call starts new workers
 
 
 def test_a_long_verdict_breaks_between_its_parts_to_fit_a_slide():

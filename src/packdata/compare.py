@@ -133,7 +133,8 @@ def in_turn(runs, rounds=3, before=None, warmup=True, unit="samples/s"):
     """Run each of ``runs`` (``{name: run}``; ``run()`` returns how many items it handled) once per
     round, taking turns, for ``rounds`` rounds, after one untimed call of each when ``warmup``;
     ``before()``, when given, runs untimed before every timed call (to empty a cache, say), or,
-    as ``{name: before}``, before the timed calls of the runs it names. Returns a ``Comparison``
+    as ``{name: before}``, before the timed calls of the runs it names. A run with a ``close()``
+    (``epochs_of``'s, ``ceiling.PlainProcesses``) is closed at the end. Returns a ``Comparison``
     of items per second, named ``unit``."""
     if rounds < 2:
         raise ValueError(f"a spread needs at least 2 rounds, got {rounds}")
@@ -150,6 +151,9 @@ def in_turn(runs, rounds=3, before=None, warmup=True, unit="samples/s"):
             started = time.perf_counter()
             items = run()
             rates[name].append(items / (time.perf_counter() - started))
+    for run in runs.values():  # workers and processes would otherwise stay, each with its memory
+        if hasattr(run, "close"):
+            run.close()
     return Comparison(rates, unit)
 
 
@@ -157,18 +161,35 @@ def epochs_of(dataset, samples=None, **loader_kwargs):
     """A ``run`` for ``in_turn``: each call is one epoch of the same ``DataLoader`` over
     ``dataset`` and returns the samples it delivered, checked against ``samples`` (by default
     ``len(dataset)``; give it for a stream without a length). Workers stay between epochs
-    (``persistent_workers``), as in training, so only the first epoch starts them."""
-    workers = loader_kwargs.get("num_workers", 0)
-    loader = DataLoader(dataset, **{"persistent_workers": workers > 0, **loader_kwargs})
-    expected, source = (len(dataset), "len(dataset)") if samples is None else (samples, "samples")
+    (``persistent_workers``), as in training, so only the first epoch starts them; ``close()``,
+    which ``in_turn`` calls once it is done, lets them go, and a later call starts new ones."""
+    return Epochs(dataset, samples, loader_kwargs)
 
-    def run():
-        seen = sum(count_samples(batch) for batch in loader)
-        if seen != expected:
+
+class Epochs:
+    """``epochs_of``'s run: one epoch of a ``DataLoader`` a call, its workers kept until
+    ``close()``."""
+
+    def __init__(self, dataset, samples, loader_kwargs):
+        workers = loader_kwargs.get("num_workers", 0)
+        self.dataset = dataset
+        self.loader_kwargs = {"persistent_workers": workers > 0, **loader_kwargs}
+        self.expected, self.source = (
+            (len(dataset), "len(dataset)") if samples is None else (samples, "samples")
+        )
+        self.loader = DataLoader(dataset, **self.loader_kwargs)
+
+    def __call__(self):
+        if self.loader is None:
+            self.loader = DataLoader(self.dataset, **self.loader_kwargs)
+        seen = sum(count_samples(batch) for batch in self.loader)
+        if seen != self.expected:
             raise SampleCountError(
-                f"an epoch delivered {seen} samples but {source} is {expected}; check "
+                f"an epoch delivered {seen} samples but {self.source} is {self.expected}; check "
                 "__len__, drop_last, the sampler, or how an iterable dataset splits its work"
             )
         return seen
 
-    return run
+    def close(self):
+        """Let the workers go: they stop with the loader that started them."""
+        self.loader = None
