@@ -35,6 +35,20 @@ def plain_tuples(data, shard, keys):
     if scanned is None:
         return None
     names, starts, sizes = scanned
+
+    def members(position, width):
+        begin = starts[position::width]
+        ends = begin + sizes[position::width]
+        return map(data.__getitem__, map(slice, begin.tolist(), ends.tolist()))
+
+    return grouped_tuples(names, shard, keys, members)
+
+
+def grouped_tuples(names, shard, keys, members):
+    """``zip`` of one column per key of ``keys``, the samples of a shard whose member ``names`` (a
+    fixed-width bytes array, in order) are plain; None when they are not, or a key is not among the
+    members. ``members(position, width)`` iterates over the bytes of members ``position``,
+    ``position + width``, ... in order, fetching each as it is taken."""
     layout = plain_layout(names)
     if layout is None or not set(keys) <= {"__key__", "__url__", *layout.extensions}:
         return None
@@ -45,10 +59,7 @@ def plain_tuples(data, shard, keys):
         elif key == "__url__":
             columns.append(repeat(shard, len(layout.keys)))
         else:
-            position = layout.extensions.index(key)
-            begin = starts[position :: layout.width]
-            ends = begin + sizes[position :: layout.width]
-            columns.append(map(data.__getitem__, map(slice, begin.tolist(), ends.tolist())))
+            columns.append(members(layout.extensions.index(key), layout.width))
     return zip(*columns)
 
 

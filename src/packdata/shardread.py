@@ -50,7 +50,8 @@ def fetch_shard(shard):
 def mapped(path):
     """A local file's bytes, mapped read-only from the page cache: slicing copies just the slice, so
     a sample's bytes are copied once, where reading the file first would copy every byte twice
-    (``make bench`` measures what that is worth on the photos). Like any mapping, it
+    (``make bench`` measures both; the stream reads shards of large samples member by member,
+    ``memberread``, which also spares the page faults of a mapping). Like any mapping, it
     assumes nobody truncates the file while it is read: shards are replaced whole, never
     rewritten in place."""
     with open(path, "rb") as file:

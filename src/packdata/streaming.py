@@ -5,7 +5,7 @@ data::
 
     shard list ─ expand_shards ─ shuffle_shards(seed, epoch) ─ split_shards(rank, world size,
     worker, workers)
-      ─ read_tuples (one read or GET per shard, members grouped by key) ─ shuffle_buffer ─ decode ─
+      ─ read_tuples (a read or GET per shard, members grouped by key) ─ shuffle_buffer ─ decode ─
       batched
 
 All ranks and workers shuffle the shard list with the same seed before splitting it, so the parts
@@ -34,6 +34,7 @@ from .fields import decode_field, image_field
 from .httpclient import is_url
 from .images import IMAGE_FIELDS, check_decoder
 from .layout import ShardError, expand_shards, group_samples, is_meta, raise_now
+from .memberread import member_tuples
 from .plaingroup import plain_tuples
 from .readahead import ReadAhead
 from .resume import (
@@ -112,11 +113,17 @@ def left_tuples(shard, rest, keys, report, read=read_shard):
 
 
 def shard_tuples(shard, keys, report, read=read_shard):
-    """An iterator over the ``keys`` tuples of one shard's samples, its bytes from ``read(shard)``.
-    A shard that cannot be read at all (missing, not a tar, HTTP error) goes to ``report`` as one
-    problem with the shard, and yields nothing; a shard damaged part-way (cut short, a corrupt
-    header) yields the samples before the damage, then goes to ``report`` as a ``DamagedShard``."""
+    """An iterator over the ``keys`` tuples of one shard's samples, its bytes from ``read(shard)``;
+    a local plain shard of large members read with ``read_shard`` is read member by member instead
+    (``memberread``), its members copied once and the file not mapped. A shard that cannot be read
+    at all (missing, not a tar, HTTP error) goes to ``report`` as one problem with the shard, and
+    yields nothing; a shard damaged part-way (cut short, a corrupt header) yields the samples before
+    the damage, then goes to ``report`` as a ``DamagedShard``."""
     try:
+        if read is read_shard and not is_url(shard):
+            by_member = member_tuples(shard, keys)
+            if by_member is not None:
+                return by_member
         data = read(shard)
     except UNREADABLE as error:
         report(error, shard=shard)

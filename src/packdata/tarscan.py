@@ -1,7 +1,8 @@
 """A whole shard in memory, scanned with numpy: every header checked at once.
 
-A streaming reader holds a whole shard in memory anyway (one read or one GET), so it can find every
-header by walking sizes, then check all checksums, magics and type flags in a few array operations.
+A streaming reader of small samples holds a whole shard in memory anyway (mapped, or one GET; large
+ones are read member by member, ``memberread``), so it can find every header by walking sizes, then
+check all checksums, magics and type flags in a few array operations.
 ``scan_plain`` handles the layout every shard writer produces (plain ustar members); ``scan_buffer``
 falls back to ``tario``'s general walk for pax and GNU extensions.
 
@@ -98,7 +99,7 @@ def _stored_checksums(headers):
     return stored, digits.sum(axis=1, dtype=np.int64) + 6 * ord("0") + ord(" ")
 
 
-def _bad_checksums(headers):
+def bad_checksums(headers):
     """Indices of the 512-byte rows of ``headers`` whose stored checksum differs from their byte
     sum."""
     common = _stored_checksums(headers)
@@ -133,7 +134,7 @@ def first_bad_checksum(data, positions):
     if not len(positions):
         return None
     blocks = np.frombuffer(data, np.uint8, count=len(data) // BLOCK * BLOCK).reshape(-1, BLOCK)
-    bad = _bad_checksums(blocks[np.asarray(positions) // BLOCK])
+    bad = bad_checksums(blocks[np.asarray(positions) // BLOCK])
     return int(positions[bad[0]]) if bad.size else None
 
 
@@ -157,6 +158,27 @@ def scan_plain(data, archive="<tar>"):
         return None
     blocks = np.frombuffer(data, np.uint8).reshape(-1, BLOCK)
     headers = blocks.take(candidates, axis=0)
+    sizes = plain_sizes(headers)
+    if sizes is None:
+        return None
+    following = candidates + 1 + (sizes + BLOCK - 1) // BLOCK
+    if (
+        (following[:-1] != candidates[1:]).any()
+        or following[-1] >= len(blocks)
+        or blocks[following[-1]].any()
+    ):
+        return None
+    bad = bad_checksums(headers)
+    if bad.size:
+        verify_checksums(data, [int(candidates[bad[0]]) * BLOCK], archive)
+    return header_names(headers), (candidates + 1) * BLOCK, sizes
+
+
+def plain_sizes(headers):
+    """The size of each member whose header is a row of ``headers`` (512-byte rows of ``uint8``)
+    when every row is a POSIX ustar header of a regular file with an 11-digit octal size and no name
+    prefix; else None: base-256 sizes, a name prefix, links, folders, pax or GNU records need the
+    general walk. Checksums are not checked here."""
     digits = headers[:, 124:135] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
     flags = headers[:, 156]
     if (
@@ -165,24 +187,13 @@ def scan_plain(data, archive="<tar>"):
         or headers[:, 345].any()
         or not ((flags == 0) | (flags == ord("0"))).all()
     ):
-        # base-256 sizes, a name prefix, links, folders, pax or GNU records: the general walk
         return None
-    sizes = (digits @ _OCTAL_WEIGHTS).astype(np.int64)
-    following = candidates + 1 + (sizes + BLOCK - 1) // BLOCK
-    if (
-        (following[:-1] != candidates[1:]).any()
-        or following[-1] >= len(blocks)
-        or blocks[following[-1]].any()
-    ):
-        return None
-    bad = _bad_checksums(headers)
-    if bad.size:
-        verify_checksums(data, [int(candidates[bad[0]]) * BLOCK], archive)
-    return (
-        np.ascontiguousarray(headers[:, :100]).view("S100").ravel(),
-        (candidates + 1) * BLOCK,
-        sizes,
-    )
+    return (digits @ _OCTAL_WEIGHTS).astype(np.int64)
+
+
+def header_names(headers):
+    """The name field of each row of ``headers``, as a fixed-width bytes array."""
+    return np.ascontiguousarray(headers[:, :100]).view("S100").ravel()
 
 
 def _walked(data):

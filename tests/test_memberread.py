@@ -1,0 +1,166 @@
+"""Reading a local shard of large members member by member: the same samples as ``tarfile`` and the
+mapped path, every unusual or damaged shard left to the mapped path (which names the damage), a file
+cut short while read named with its member and offset, and no file left open."""
+
+import gzip
+import io
+import os
+import random
+import tarfile
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from packdata import memberread, streaming, tario
+from packdata.plaingroup import plain_tuples
+from packdata.shardread import mapped
+from packdata.streaming import ShardDataset
+
+KEYS = ("__key__", "jpg", "cls")
+# member sizes about the window's edge: a label that just fits in the read at its header, one that
+# does not, one of no bytes
+LABELS = [b"", b"7", bytes(memberread.WINDOW - 512), bytes(memberread.WINDOW - 511)]
+
+
+def write_tar(path, members, **options):
+    """A tar of ``(name, bytes)`` members at ``path`` (``options`` go to ``tarfile.open``); returns
+    the path as a string."""
+    options.setdefault("format", tarfile.USTAR_FORMAT)
+    with tarfile.open(path, "w", **options) as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return str(path)
+
+
+def photo_members(samples=12, seed=0):
+    """Samples of a large ``.jpg`` (30 to 90 KB, some a whole number of blocks) and a ``.cls``."""
+    rng = random.Random(seed)
+    members = []
+    for index in range(samples):
+        size = rng.choice([30_000, 61_440, 90_001, rng.randrange(30_000, 90_000)])
+        members.append((f"{index:06d}.jpg", rng.randbytes(size)))
+        members.append((f"{index:06d}.cls", LABELS[index % len(LABELS)]))
+    return members
+
+
+def tarfile_tuples(path):
+    """``(key, jpg, cls)`` of every sample, as Python's ``tarfile`` reads the members."""
+    with tarfile.open(path) as tar:
+        members = [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+    pairs = zip(members[::2], members[1::2])
+    return [(jpg[0].split(".")[0], jpg[1], cls[1]) for jpg, cls in pairs]
+
+
+@pytest.fixture
+def photo_shard(tmp_path):
+    return write_tar(tmp_path / "photos.tar", photo_members())
+
+
+def test_large_members_are_read_one_by_one_as_tarfile_reads_them(photo_shard):
+    by_member = memberread.member_tuples(photo_shard, KEYS)
+    assert by_member is not None  # this shard takes the member-by-member path
+    expected = tarfile_tuples(photo_shard)
+    assert list(by_member) == expected == list(plain_tuples(mapped(photo_shard), photo_shard, KEYS))
+
+
+def test_the_stream_reads_such_shards_member_by_member(photo_shard, monkeypatch):
+    results = []
+
+    def recorded(*args):
+        results.append(memberread.member_tuples(*args))
+        return results[-1]
+
+    monkeypatch.setattr(streaming, "member_tuples", recorded)
+    dataset = ShardDataset([photo_shard], shuffle=False, keys=KEYS, decode=False)
+    assert list(dataset) == tarfile_tuples(photo_shard)
+    assert len(results) == 1 and results[0] is not None
+
+
+def test_two_workers_get_every_sample_once(tmp_path):
+    shards = [write_tar(tmp_path / f"s{n}.tar", photo_members(samples=5, seed=n)) for n in range(4)]
+    dataset = ShardDataset(shards, keys=("__key__", "__url__"), decode=False)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2)
+    read = sorted((url, key) for key, url in loader)
+    assert read == sorted((url, f"{n:06d}") for url in shards for n in range(5))
+
+
+def without_end_block(data):
+    data = data.rstrip(b"\0")
+    return data + bytes(-len(data) % 512)
+
+
+# a photo shard's bytes -> an unusual or damaged shard's
+DAMAGED = {
+    "gzip-compressed": gzip.compress,
+    "cut in a member": lambda data: data[:100_000],
+    "cut at a header": lambda data: data[
+        : 512 + int(data[124:135], 8) + -int(data[124:135], 8) % 512
+    ],
+    "no end block": without_end_block,
+    "not a tar": lambda data: b"hello" * 1000,
+    "empty": lambda data: b"",
+}
+ODD = ["small members", "pax records", *DAMAGED]
+
+
+def odd_shard(tmp_path, case):
+    """A shard of ``case`` in ``ODD``."""
+    if case == "small members":
+        return write_tar(tmp_path / "small.tar", [(f"{n:06d}.cls", b"1") for n in range(50)])
+    if case == "pax records":
+        return write_tar(
+            tmp_path / "pax.tar",
+            photo_members(),
+            format=tarfile.PAX_FORMAT,
+            pax_headers={"comment": "a pax record"},
+        )
+    data = Path(write_tar(tmp_path / "photos.tar", photo_members())).read_bytes()
+    odd = tmp_path / f"{case}.tar"
+    odd.write_bytes(DAMAGED[case](data))
+    return str(odd)
+
+
+@pytest.mark.parametrize("case", ODD)
+def test_an_unusual_or_damaged_shard_is_left_to_the_mapped_path(tmp_path, case):
+    shard = odd_shard(tmp_path, case)
+    assert memberread.member_tuples(shard, ("__key__",)) is None
+
+
+def test_a_bad_checksum_is_named_by_the_mapped_path(tmp_path):
+    members = photo_members()
+    shard = write_tar(tmp_path / "photos.tar", members)
+    data = bytearray(Path(shard).read_bytes())
+    second = 512 + len(members[0][1]) + -len(members[0][1]) % 512  # the second member's header
+    data[second + 3] ^= 1
+    Path(shard).write_bytes(bytes(data))
+    assert memberread.member_tuples(shard, KEYS) is None
+    with pytest.raises(tario.TarFormatError, match=f"bad header checksum at offset {second}"):
+        list(ShardDataset([shard], keys=KEYS, decode=False))
+
+
+def test_a_shard_cut_short_while_read_names_the_member_and_its_offset(photo_shard):
+    samples = memberread.member_tuples(photo_shard, KEYS)
+    next(samples)
+    os.truncate(photo_shard, 200_000)
+    with pytest.raises(tario.TarFormatError, match=r"photos.tar: member '0000\d\d.jpg' at offset"):
+        list(samples)
+
+
+def test_the_file_is_closed_when_read_to_the_end_or_dropped(tmp_path, photo_shard, monkeypatch):
+    opened = []
+
+    def recorded(*args, **kwargs):
+        opened.append(open(*args, **kwargs))  # noqa: SIM115 (the reader closes it)
+        return opened[-1]
+
+    monkeypatch.setattr(memberread, "open", recorded, raising=False)
+    list(memberread.member_tuples(photo_shard, KEYS))
+    samples = memberread.member_tuples(photo_shard, KEYS)
+    next(samples)
+    assert [file.closed for file in opened] == [True, False]
+    del samples
+    assert memberread.member_tuples(odd_shard(tmp_path, "small members"), KEYS) is None
+    assert len(opened) == 3 and all(file.closed for file in opened)
