@@ -50,8 +50,11 @@ SHORTER_UNDER_SPAWN = [
     ("08_*", r"missing := localslurm\.missing_programs\(\)", 'missing := ["slurmctld"]'),
     ("08_*", r"nodes = launch_nodes\(", "nodes = [] and launch_nodes("),
     ("06_*", r'"-m", "torch\.distributed\.run",', '"-c", "pass",'),
-    # spawn drops the last count: [0, 1] remain
-    ("01_*", r"worker_counts = 5, \[0, 1, 2, 4, 8, 16\]", "worker_counts = 5, [0, 1, 2]"),
+    (
+        "01_*",
+        r"worker_counts = 5, \[n for n in \(0, 1, 2, 4, 8, 16\) if n <= most_workers\]",
+        "worker_counts = 5, [0, 1]",
+    ),
     ("01_*", r"min\((500|400)(?=, len\((photo_train|dataset)\)\))", "min(100"),
     ("03_*", r"(first\(.*), 500\)", r"\1, 100)"),
     (

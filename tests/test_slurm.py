@@ -163,3 +163,9 @@ def test_the_exercise_check_names_the_usual_mistakes():
         )
     with pytest.raises(slurm_checks.CheckFailed, match="return a dict"):
         slurm_checks.check_torch_env(lambda slurm: tuple(right(slurm).values()))
+
+
+def test_the_install_advice_names_every_missing_program_in_lines_that_fit_a_slide():
+    advice = localslurm.how_to_install(list(localslurm.DAEMONS + localslurm.CLIENTS))
+    assert all(name in advice for name in localslurm.DAEMONS + localslurm.CLIENTS)
+    assert max(map(len, advice.splitlines())) <= 88

@@ -76,6 +76,16 @@ def missing_programs():
     return [name for name in DAEMONS + CLIENTS if shutil.which(name, path=path) is None]
 
 
+def how_to_install(missing):
+    """What to tell someone whose machine lacks the ``missing`` programs, in lines that fit a
+    slide."""
+    return (
+        f"No Slurm here: {', '.join(missing)} missing.\n"
+        "On Debian or Ubuntu, as root: `apt-get install slurm-wlm munge`;\n"
+        "on a hub, ask its admin. Then rerun this cell."
+    )
+
+
 def free_port():
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as probe:
