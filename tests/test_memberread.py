@@ -149,6 +149,24 @@ def test_a_shard_cut_short_while_read_names_the_member_and_its_offset(photo_shar
         list(samples)
 
 
+def test_with_skip_a_shard_cut_short_while_read_keeps_what_came_before(photo_shard):
+    expected = tarfile_tuples(photo_shard)
+    dataset = ShardDataset([photo_shard], shuffle=False, keys=KEYS, decode=False, errors="skip")
+    samples = iter(dataset)
+    first = next(samples)
+    os.truncate(photo_shard, 200_000)
+    with pytest.warns(UserWarning, match=r"cut short while it was read\? \(\d+ whole sample"):
+        read = [first, *samples]
+    assert read == expected[: len(read)] and 0 < len(read) < len(expected)
+    assert dataset.last_skips.damaged == 1
+
+
+def test_a_member_read_in_several_reads_comes_back_whole(photo_shard, monkeypatch):
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: real(fd, min(n, 5000), offset))
+    assert list(memberread.member_tuples(photo_shard, KEYS)) == tarfile_tuples(photo_shard)
+
+
 def test_the_file_is_closed_when_read_to_the_end_or_dropped(tmp_path, photo_shard, monkeypatch):
     opened = []
 
@@ -162,5 +180,7 @@ def test_the_file_is_closed_when_read_to_the_end_or_dropped(tmp_path, photo_shar
     next(samples)
     assert [file.closed for file in opened] == [True, False]
     del samples
+    unstarted = memberread.member_tuples(photo_shard, KEYS)
+    del unstarted
     assert memberread.member_tuples(odd_shard(tmp_path, "small members"), KEYS) is None
-    assert len(opened) == 3 and all(file.closed for file in opened)
+    assert len(opened) == 4 and all(file.closed for file in opened)

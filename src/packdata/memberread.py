@@ -18,6 +18,7 @@ maps the shard and takes the usual path, which also names what is wrong.
 """
 
 import os
+import weakref
 
 import numpy as np
 
@@ -42,7 +43,9 @@ def member_tuples(path, keys):
     if tuples is None:
         file.close()
         return None
-    return _closing(tuples, file)
+    samples = _closing(tuples, file)
+    weakref.finalize(samples, file.close)  # also when dropped before its first sample
+    return samples
 
 
 def _closing(tuples, file):
@@ -64,7 +67,7 @@ def _tuples(descriptor, path, keys):
     def member(index):
         data = small[index]
         if data is None:
-            data = os.pread(descriptor, sizes[index], starts[index])
+            data = read_exactly(descriptor, sizes[index], starts[index])
             if len(data) != sizes[index]:
                 name = names[index].decode("utf-8", "surrogateescape")
                 raise TarFormatError(
@@ -77,6 +80,18 @@ def _tuples(descriptor, path, keys):
         return map(member, range(position, len(starts), width))
 
     return grouped_tuples(names, path, keys, members)
+
+
+def read_exactly(descriptor, size, offset):
+    """``size`` bytes at ``offset``, fewer only where the file ends first: one ``os.pread``, more
+    for a member over about 2 GiB, the most Linux reads at once."""
+    data = os.pread(descriptor, size, offset)
+    while 0 < len(data) < size:
+        more = os.pread(descriptor, size - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def walk_headers(descriptor, end):

@@ -123,7 +123,7 @@ def shard_tuples(shard, keys, report, read=read_shard):
         if read is read_shard and not is_url(shard):
             by_member = member_tuples(shard, keys)
             if by_member is not None:
-                return by_member
+                return _until_damage(by_member, shard, report)
         data = read(shard)
     except UNREADABLE as error:
         report(error, shard=shard)
@@ -149,7 +149,22 @@ def _then_damage(samples, damage, shard, report):
     count = 0
     for count, sample in enumerate(samples, 1):  # noqa: B007 (the count is the point)
         yield sample
-    report(DamagedShard(f"{damage} ({count} whole sample(s) of it were read before)"), shard=shard)
+    report(_damaged(damage, count), shard=shard)
+
+
+def _until_damage(samples, shard, report):
+    """Yield ``samples``; damage found while they are read (a shard cut short meanwhile) goes to
+    ``report``, saying how many whole samples came before it."""
+    count = 0
+    try:
+        for count, sample in enumerate(samples, 1):  # noqa: B007 (the count is the point)
+            yield sample
+    except TarFormatError as damage:
+        report(_damaged(damage, count), shard=shard)
+
+
+def _damaged(damage, count):
+    return DamagedShard(f"{damage} ({count} whole sample(s) of it were read before)")
 
 
 def to_tuple(samples, keys, report):
