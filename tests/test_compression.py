@@ -3,7 +3,9 @@ webdataset reads them); other compressions and damaged streams are refused by na
 
 import bz2
 import gzip
+import io
 import lzma
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,20 @@ def test_random_access_needs_a_plain_tar_and_says_so(compressed):
 
 def test_plain_bytes_pass_through_unchanged():
     assert decompressed(b"ustar and more", "x") == b"ustar and more"
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT])
+def test_a_tar_whose_first_name_looks_compressed_is_read_as_a_tar(tmp_path, tar_format):
+    first = "BZh0000"  # bzip2's magic, then a digit: bytes that start a bzip2 stream
+    shard = tmp_path / "looks-compressed.tar"
+    with tarfile.open(shard, "w", format=tar_format) as tar:
+        for key in (first, "0001"):
+            for extension, payload in (("jpg", b"x" * 100), ("cls", b"3")):
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    assert compression_of(shard.read_bytes()) is None
+    assert [s["__key__"] for s in iter_shard_samples([str(shard)])] == [first, "0001"]
 
 
 def test_gzip_shards_stream_from_s3_over_http_and_through_a_pipe(plain, tmp_path):

@@ -27,8 +27,20 @@ class CompressionError(ValueError):
     """A shard compressed in a way that cannot be read here, or a damaged compressed stream."""
 
 
+# bytes 257 to 262 of a tar header: "ustar" then a NUL (POSIX) or a space (GNU)
+TAR_MAGICS = (b"ustar\x00", b"ustar ")
+
+
+def is_tar(data):
+    """True when ``data`` starts with a ustar header, POSIX or GNU: a tar whose first member's name
+    happens to begin like a compressed stream (``BZh0001.jpg``) is still a tar."""
+    return data[257:263] in TAR_MAGICS
+
+
 def compression_of(data):
     """The name of the compression ``data`` starts with (``"gzip"``, ``"zstd"``, ...), or None."""
+    if is_tar(data):
+        return None
     for magic, (name, _) in FORMATS.items():
         if data[: len(magic)] == magic:
             return name
@@ -40,6 +52,8 @@ def decompressed(data, source="<data>"):
 
     A compression without a decompressor in the standard library, or a damaged compressed stream,
     raises ``CompressionError`` naming ``source`` and the format."""
+    if is_tar(data):
+        return data
     for magic, (name, decompress) in FORMATS.items():
         if data[: len(magic)] != magic:
             continue
