@@ -177,7 +177,7 @@ class Epochs:
         self.expected, self.source = (
             (len(dataset), "len(dataset)") if samples is None else (samples, "samples")
         )
-        self.loader = DataLoader(dataset, **self.loader_kwargs)
+        self.loader = None  # made by the first call, and again after close()
 
     def __call__(self):
         if self.loader is None:

@@ -5,12 +5,12 @@ cache into the ``bytes`` handed out, and the shard is never held whole.
     # an iterator over (key, jpg bytes, cls bytes), or None: then map the shard (streaming does)
 
 Mapping a shard (``shardread.mapped``) copies each member once too, but every first touch of its
-pages is a page fault (one for every 64 KiB or so), and on photos those faults cost a third of the
-reader's time. Reading the file whole instead copies every byte twice. Here one small read at a
-header (``WINDOW`` bytes) brings the header, a small member that follows it (a label) and often the
-next header; each large member then comes from one ``os.pread`` of its own, when its sample is
-taken. The headers are checked as ``tarscan.scan_plain`` checks them, before any sample is handed
-out.
+pages is a page fault (one for every 64 KiB or so where the page cache holds the file in small
+pages; ``make bench`` measures both ways). Reading the file whole instead copies every byte twice.
+Here one small read at a header (``WINDOW`` bytes) brings the header, a small member that follows it
+(a label) and often the next header; each large member then comes from one ``os.pread`` of its own,
+when its sample is taken. The headers are checked as ``tarscan.scan_plain`` checks them, before any
+sample is handed out.
 
 Shards of small members (closer together than ``tarscan.WALK_SPAN`` on average, where a read per
 member would cost more than the bytes), another layout, or damage of any kind get None: the caller
