@@ -64,33 +64,43 @@ def _tuples(descriptor, path, keys):
         return None
     names, sizes = tarscan.header_names(rows), sizes.tolist()
 
-    def member(index):
-        data = small[index]
-        if data is None:
-            data = read_exactly(descriptor, sizes[index], starts[index])
-            if len(data) != sizes[index]:
-                name = names[index].decode("utf-8", "surrogateescape")
-                raise TarFormatError(
-                    f"{path}: member {name!r} at offset {starts[index]}: {len(data):,} of its "
-                    f"{sizes[index]:,} bytes; was the shard cut short while it was read?"
-                )
-        return data
-
     def members(position, width):
-        return map(member, range(position, len(starts), width))
+        held = small[position::width]
+        if None not in held:
+            return iter(held)  # small members: their bytes came with their headers
+        spans = sizes[position::width], starts[position::width], names[position::width]
+        return _read(descriptor, path, held, *spans)
 
     return grouped_tuples(names, path, keys, members)
 
 
-def read_exactly(descriptor, size, offset):
-    """``size`` bytes at ``offset``, fewer only where the file ends first: one ``os.pread``, more
-    for a member over about 2 GiB, the most Linux reads at once."""
-    data = os.pread(descriptor, size, offset)
+def _read(descriptor, path, held, sizes, starts, names):
+    """The members of one column: those ``held`` (bytes read with their headers) as they are, the
+    others (None) read when taken, one ``os.pread`` each."""
+    pread = os.pread
+    for data, size, start in zip(held, sizes, starts):
+        if data is None:
+            data = pread(descriptor, size, start)
+            if len(data) != size:
+                name = names[starts.index(start)].decode("utf-8", "surrogateescape")
+                data = read_rest(descriptor, data, size, start, f"{path}: member {name!r}")
+        yield data
+
+
+def read_rest(descriptor, data, size, offset, member):
+    """``data``, the first bytes of the ``size`` at ``offset``, with the rest read after it: a
+    member over about 2 GiB, the most Linux reads at once, takes more than one ``os.pread``. A file
+    that ends first raises ``TarFormatError`` naming ``member``."""
     while 0 < len(data) < size:
         more = os.pread(descriptor, size - len(data), offset + len(data))
         if not more:
             break
         data += more
+    if len(data) != size:
+        raise TarFormatError(
+            f"{member} at offset {offset}: {len(data):,} of its {size:,} bytes; was the shard cut "
+            "short while it was read?"
+        )
     return data
 
 
