@@ -168,4 +168,13 @@ def test_the_exercise_check_names_the_usual_mistakes():
 def test_the_install_advice_names_every_missing_program_in_lines_that_fit_a_slide():
     advice = localslurm.how_to_install(list(localslurm.DAEMONS + localslurm.CLIENTS))
     assert all(name in advice for name in localslurm.DAEMONS + localslurm.CLIENTS)
+    assert "apt-get install slurm-wlm munge" in advice and "train.sbatch" not in advice
     assert max(map(len, advice.splitlines())) <= 88
+
+
+def test_a_login_node_is_told_to_submit_to_its_cluster():
+    # Slurm's commands without its daemons: a cluster's login node, where installing is no answer
+    advice = localslurm.how_to_install(list(localslurm.DAEMONS))
+    assert all(name in advice for name in localslurm.DAEMONS)
+    assert "login node" in advice and "scripts/slurm/train.sbatch" in advice
+    assert max(map(len, advice.splitlines())) <= 88 and len(advice.splitlines()) <= 4

@@ -78,7 +78,15 @@ def missing_programs():
 
 def how_to_install(missing):
     """What to tell someone whose machine lacks the ``missing`` programs, in lines that fit a
-    slide."""
+    slide. Where Slurm's commands are here but not its daemons (a cluster's login node), that is
+    to submit the job script to the cluster itself."""
+    if set(CLIENTS).isdisjoint(missing):
+        return (
+            f"No Slurm cluster on this machine: {', '.join(missing)} missing.\n"
+            "Slurm's commands are here (a cluster's login node?): submit the job script to your\n"
+            "cluster instead, as the top of scripts/slurm/train.sbatch says. Or, on Debian or\n"
+            "Ubuntu, as root: `apt-get install slurm-wlm munge`, then rerun this cell."
+        )
     return (
         f"No Slurm here: {', '.join(missing)} missing.\n"
         "On Debian or Ubuntu, as root: `apt-get install slurm-wlm munge`;\n"
