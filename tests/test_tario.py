@@ -12,7 +12,14 @@ from packdata import tarindex
 from packdata.datasets import IndexedTarDataset
 from packdata.packing import pack_tar
 from packdata.tarindex import StaleIndexError, build_index, index_members, index_path, load_index
-from packdata.tario import BLOCK, TarFormatError, iter_members, parse_header, stream_members
+from packdata.tario import (
+    BLOCK,
+    TarFormatError,
+    iter_members,
+    parse_header,
+    pread_exactly,
+    stream_members,
+)
 from packdata.tarscan import iter_buffer, scan_buffer
 
 LONG_NAME = "deep/" * 30 + "sample.jpg"  # 160 characters: more than ustar's 100-byte name field
@@ -420,3 +427,19 @@ def test_a_size_past_any_end_is_a_truncated_tar_even_from_a_stream(tmp_path, rea
     expected = f"{path} is truncated: member 'a.jpg' at offset 1024 needs {10**30} bytes"
     with pytest.raises(TarFormatError, match=expected):
         READERS[reader](path)
+
+
+def test_pread_exactly_reads_in_several_preads_and_names_a_cut_member(tmp_path, monkeypatch):
+    path = tmp_path / "t.tar"
+    path.write_bytes(bytes(range(256)) * 40)
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: real(fd, min(n, 1000), offset))
+    with open(path, "rb") as file:
+        whole = pread_exactly(file.fileno(), 9000, 512, path, "member 'a.jpg'", "why")
+        assert whole == path.read_bytes()[512:9512]
+        with pytest.raises(
+            TarFormatError,
+            match=r"t.tar is truncated: member 'a.jpg' at offset "
+            r"512: 9,728 of its 10,000 bytes \(why\)",
+        ):
+            pread_exactly(file.fileno(), 10_000, 512, path, "member 'a.jpg'", "why")

@@ -21,7 +21,7 @@ from .layout import split_member
 from .packing import TAR_MANIFEST, ZIP_MANIFEST, parse_archive_manifest
 from .perprocess import PerProcessHandle
 from .tarindex import INDEX_SUFFIX, current_members, index_members, load_index
-from .tario import TarFormatError
+from .tario import pread_exactly
 
 
 class EncodedImageDataset(Dataset):
@@ -333,13 +333,10 @@ class IndexedTarDataset(EncodedImageDataset):
         offset, size = self.members[name]
         if self.client is not None:
             return self.client.get_range(self.relpath, offset, size, self.etag)
-        data = os.pread(self._tar.get().fileno(), size, offset)
-        if len(data) != size:
-            raise TarFormatError(
-                f"{member_of(self.tar_path, name)} is truncated: {len(data)} of {size} bytes "
-                "(the tar changed after it was indexed?)"
-            )
-        return data
+        hint = "did it change after it was indexed?"
+        return pread_exactly(
+            self._tar.get().fileno(), size, offset, self.tar_path, f"member {name!r}", hint
+        )
 
     def read_bytes(self, index):
         return self.read_member(self.paths[index])

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import tarscan
 from .plaingroup import grouped_tuples
-from .tario import BLOCK, ZERO_BLOCK, TarFormatError
+from .tario import BLOCK, ZERO_BLOCK, pread_exactly
 
 # bytes read at a header: it, a small member after it and the next header, with room to spare
 WINDOW = 2048
@@ -81,27 +81,11 @@ def _read(descriptor, path, held, sizes, starts, names):
     for data, size, start in zip(held, sizes, starts):
         if data is None:
             data = pread(descriptor, size, start)
-            if len(data) != size:
+            if len(data) != size:  # over 2 GiB, or the file cut short meanwhile
                 name = names[starts.index(start)].decode("utf-8", "surrogateescape")
-                data = read_rest(descriptor, data, size, start, f"{path}: member {name!r}")
+                member, hint = f"member {name!r}", "was it cut short while it was read?"
+                data = pread_exactly(descriptor, size, start, path, member, hint, data)
         yield data
-
-
-def read_rest(descriptor, data, size, offset, member):
-    """``data``, the first bytes of the ``size`` at ``offset``, with the rest read after it: a
-    member over about 2 GiB, the most Linux reads at once, takes more than one ``os.pread``. A file
-    that ends first raises ``TarFormatError`` naming ``member``."""
-    while 0 < len(data) < size:
-        more = os.pread(descriptor, size - len(data), offset + len(data))
-        if not more:
-            break
-        data += more
-    if len(data) != size:
-        raise TarFormatError(
-            f"{member} at offset {offset}: {len(data):,} of its {size:,} bytes; was the shard cut "
-            "short while it was read?"
-        )
-    return data
 
 
 def walk_headers(descriptor, end):

@@ -236,6 +236,26 @@ def truncated_error(archive, what, needed, left):
     )
 
 
+def pread_exactly(descriptor, size, offset, archive, what, hint, data=None):
+    """``size`` bytes at ``offset`` of the file open as ``descriptor``: one ``os.pread``, more for
+    over about 2 GiB, the most Linux reads at once (``data``: what a first ``pread`` there already
+    returned). A file that ends first raises ``TarFormatError`` naming ``what`` of ``archive``, with
+    ``hint``, a guess at why."""
+    if data is None:
+        data = os.pread(descriptor, size, offset)
+    while 0 < len(data) < size:
+        more = os.pread(descriptor, size - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    if len(data) != size:
+        raise TarFormatError(
+            f"{archive} is truncated: {what} at offset {offset}: {len(data):,} of its {size:,} "
+            f"bytes ({hint})"
+        )
+    return data
+
+
 def negative_size_error(archive, member, size):
     return TarFormatError(
         f"{archive}: {member} has a negative size ({size}): the header is corrupt"
