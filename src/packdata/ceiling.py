@@ -28,6 +28,9 @@ import torch
 # the share of the ceiling that a loader reaches in every round for the verdict "most of": the rest
 # is its own cost (every batch handed to the main process, which needs a share of the cores too)
 ENOUGH = 0.6
+# a ceiling below this (processes against one) says that another program holds the cores: a share
+# of it spreads from round to round, and a verdict that cannot decide says why
+CROWDED = 1.2
 
 
 def plain(processes):
@@ -171,11 +174,11 @@ def verdict(
     """What the cores allow (``processes`` plain processes against one), then for each of
     ``loaders`` (a run's name, or several) the share of the ceiling it reaches, each with the
     spread of its rounds, a line each. The words judge a share: ``reached`` when every round's is
-    at least ``enough``, ``short`` when none is, else that the rounds straddle it."""
+    at least ``enough``, ``short`` when none is, else that the rounds straddle it, and, where the
+    cores allow under ``CROWDED``, that another program holds them."""
     many, one = plain(processes), plain(1)
-    lines = [
-        f"the cores this notebook gets allow {comparison.ratio(many, one):.2f}: {many} / {one}"
-    ]
+    allowed = comparison.ratio(many, one)
+    lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
     for loader in [loaders] if isinstance(loaders, str) else loaders:
         share = comparison.ratio(loader, many)
         if share.low >= enough:
@@ -188,4 +191,9 @@ def verdict(
             f"{loader}: {share.value:.0%} of what {many} reach here "
             f"(rounds {share.low:.0%} to {share.high:.0%}): {words}"
         )
+        if words.startswith("no clear") and allowed.value < CROWDED:
+            lines.append(
+                f"  the cores allow only {allowed.value:.2f}×: another program is busy here;"
+                " try again when it is quieter"
+            )
     return "\n".join(lines)
