@@ -75,11 +75,11 @@ def split_shards(shards, rank, world_size, worker, num_workers):
 # --- reading --------------------------------------------------------------------------------------
 
 
-def read_tuples(shards, keys, report, progress, read=read_shard):
+def read_tuples(shards, keys, report, progress, read=None):
     """The ``keys`` tuples of the samples left in each of ``shards`` (``(shard, resume.Rest)``
     pairs) in turn, from where ``progress`` stands (all of them, on a fresh start), each counted
     there as it is taken in; ``read(shard)`` gives a shard's bytes (``to_read`` lists those it is
-    asked for, in order).
+    asked for, in order), or None reads each where it lies (``shard_tuples``).
 
     ``chain`` drops each shard's iterator, and with it the shard's bytes, before it reads the next
     shard: two shards alive at once would send the memory of one back to the system after every
@@ -106,24 +106,26 @@ def closing(samples, reads):
         reads.close()
 
 
-def left_tuples(shard, rest, keys, report, read=read_shard):
+def left_tuples(shard, rest, keys, report, read=None):
     """The ``keys`` tuples of the samples ``rest`` leaves of ``shard``, the fast way when the shard
     allows it; a shard with nothing left is not read."""
     return iter(()) if rest.is_empty() else rest.kept(shard_tuples(shard, keys, report, read))
 
 
-def shard_tuples(shard, keys, report, read=read_shard):
-    """An iterator over the ``keys`` tuples of one shard's samples, its bytes from ``read(shard)``;
-    a local plain shard of large members read with ``read_shard`` is read member by member instead
-    (``memberread``), its members copied once and the file not mapped. A shard that cannot be read
+def shard_tuples(shard, keys, report, read=None):
+    """An iterator over the ``keys`` tuples of one shard's samples, its bytes from ``read(shard)``.
+    With no ``read`` the shard is read where it lies: a local plain shard of large members member
+    by member (``memberread``), its members copied once and the file not mapped; any other whole
+    (``shardread.read_shard``: mapped, or one GET). A shard that cannot be read
     at all (missing, not a tar, HTTP error) goes to ``report`` as one problem with the shard, and
     yields nothing; a shard damaged part-way (cut short, a corrupt header) yields the samples before
     the damage, then goes to ``report`` as a ``DamagedShard``."""
     try:
-        if read is read_shard and not is_url(shard):
-            by_member = member_tuples(shard, keys)
+        if read is None:
+            by_member = None if is_url(shard) else member_tuples(shard, keys)
             if by_member is not None:
                 return _until_damage(by_member, shard, report)
+            read = read_shard
         data = read(shard)
     except UNREADABLE as error:
         report(error, shard=shard)
@@ -512,9 +514,9 @@ class ShardDataset(IterableDataset):
             read_tuples(shards, keys, report, progress, reads),
             quota,
             partial(self.shuffled, epoch=progress.epoch, rest=progress.rest, layout=layout),
-            lambda index: left_tuples(*shards[index], keys, quiet, self._read_one),
+            lambda index: left_tuples(*shards[index], keys, quiet, self._read_again()),
         )
-        if reads is not read_shard:
+        if reads is not None:
             samples = closing(samples, reads)
         if self.decode:
             batching = bool(self.batch_size)
@@ -527,14 +529,19 @@ class ShardDataset(IterableDataset):
         """One shard's bytes: through the cache when there is one."""
         return read_shard(shard) if self.cache is None else self.cache.read(shard)
 
+    def _read_again(self):
+        """What reads a shard a second time (``left_tuples``): the cache, when there is one; else
+        None, where it lies."""
+        return None if self.cache is None else self.cache.read
+
     def _reads(self, shards):
         """What reads ``shards`` in turn: the cache, with its downloads ahead; a ``ReadAhead`` of
-        URLs; ``read_shard`` for local files (the page cache has them)."""
+        URLs; None for local files, each read where it lies (the page cache has them)."""
         if self.cache is not None:
             return self.cache.reads(shards)
         if self.read_ahead > 0 and any(map(is_url, shards)):
             return ReadAhead(shards, read_shard, self.read_ahead)
-        return read_shard
+        return None
 
     def shuffled(self, samples, epoch, rest, layout):
         """``samples`` through the shuffle buffer of the worker at ``layout`` in epoch ``epoch``
