@@ -1555,6 +1555,19 @@ def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_data
         checks.check_spawn_ready(RecipeOfTheHandle(path), manifest)
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "cannot pickle '_io.BufferedReader' object",  # up to Python 3.11
+        "cannot pickle 'BufferedReader' instances",  # from Python 3.12
+        "cannot pickle '_thread.RLock' object",
+        "cannot pickle '_thread.lock' object",
+    ],
+)
+def test_an_open_file_or_lock_is_recognised_in_what_any_python_says(message):
+    assert checks.UNPICKLABLE_HANDLE.search(message)
+
+
 def test_the_handle_check_names_a_handle_that_breaks_building_the_dataset(tiny_dataset):
     with pytest.raises(checks.CheckFailed, match="must return a zipfile.ZipFile"):
         lesson3_case(checks.check_per_process_handle, OpenedAsAPlainFile, tiny_dataset)

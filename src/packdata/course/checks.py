@@ -7,6 +7,7 @@ when it is not.
 
 import math
 import numbers
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -24,6 +25,11 @@ def passed(message):
 
 # relative tolerance of the checks whose answer is a real number (float rounding, nothing more)
 RELATIVE_TOLERANCE = 1e-6
+# what pickle says of an open file or a lock: "cannot pickle '_io.BufferedReader' object" up to
+# Python 3.11, "cannot pickle 'BufferedReader' instances" from 3.12; "'_thread.RLock' object"
+UNPICKLABLE_HANDLE = re.compile(
+    r"cannot pickle '(_io\.|_thread\.)?(Buffered\w+|TextIOWrapper|FileIO|\w*lock)'", re.IGNORECASE
+)
 
 
 def _significant(value, digits):
@@ -2357,7 +2363,6 @@ def check_spawn_ready(dataset, manifest):
     """Lesson 3: ``dataset`` (a ``ZipDataset`` that has been read from) pickles for ``spawn``, and
     ``CHECK_WORKERS`` spawned workers read every sample right."""
     import pickle
-    import re
 
     dataset.read_bytes(0)  # used once: its handle is open, as it is after a first look at the data
     try:
@@ -2365,7 +2370,7 @@ def check_spawn_ready(dataset, manifest):
     except NotImplementedError:
         raise
     except Exception as error:
-        if re.search(r"cannot pickle '(_io\.|_thread\.|[^']*lock)", str(error), re.IGNORECASE):
+        if UNPICKLABLE_HANDLE.search(str(error)):
             raise CheckFailed(
                 f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. A spawned worker "
                 "receives the "
