@@ -235,7 +235,7 @@ def test_the_naive_zip_dataset_fails_or_corrupts_under_fork(packed):
 def test_the_naive_zip_dataset_cannot_be_pickled_for_spawn(packed, context):
     loader = DataLoader(ZipDataset(packed[0]), num_workers=1, multiprocessing_context=context)
     # "'_io.BufferedReader' object" up to Python 3.11, "'BufferedReader' instances" from 3.12
-    with pytest.raises(TypeError, match="cannot pickle '(_io.)?BufferedReader'"):
+    with pytest.raises(TypeError, match=r"cannot pickle '(_io\.)?BufferedReader'"):
         iter(loader)
 
 

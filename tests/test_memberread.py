@@ -79,6 +79,27 @@ def test_the_stream_reads_such_shards_member_by_member(photo_shard, monkeypatch)
     assert len(results) == 1 and results[0] is not None
 
 
+def test_a_resumed_epoch_reads_the_buffered_shards_again_member_by_member(tmp_path, monkeypatch):
+    shards = [write_tar(tmp_path / f"s{n}.tar", photo_members(samples=6, seed=n)) for n in range(2)]
+    first = ShardDataset(shards, seed=3, buffer_size=4, keys=KEYS, decode=False)
+    stream = first.iterate()
+    before = [next(stream) for _ in range(5)]
+    state = first.state_dict()
+    results = []
+
+    def recorded(*args):
+        results.append(memberread.member_tuples(*args))
+        return results[-1]
+
+    monkeypatch.setattr(streaming, "member_tuples", recorded)
+    resumed = ShardDataset(shards, seed=3, buffer_size=4, keys=KEYS, decode=False)
+    resumed.load_state_dict(state)
+    after = list(resumed.iterate())
+    assert sorted(before + after) == sorted(t for shard in shards for t in tarfile_tuples(shard))
+    # the shard the buffer held samples of is read again, and the one the stream stopped in
+    assert len(results) >= 2 and None not in results  # every read by member
+
+
 def test_two_workers_get_every_sample_once(tmp_path):
     shards = [write_tar(tmp_path / f"s{n}.tar", photo_members(samples=5, seed=n)) for n in range(4)]
     dataset = ShardDataset(shards, keys=("__key__", "__url__"), decode=False)
