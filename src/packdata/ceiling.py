@@ -190,11 +190,11 @@ def verdict(
             words = short
         else:
             words = f"no clear verdict: the rounds straddle {enough:.0%}"
+            undecided = True
         lines.append(
             f"{loader}: {share.value:.0%} of what {many} reach here "
             f"(rounds {share.low:.0%} to {share.high:.0%}): {words}"
         )
-        undecided = undecided or share.low < enough <= share.high
     if undecided and allowed.value < CROWDED:
         lines.append(crowded(allowed.value, processes))
     return "\n".join(lines)

@@ -78,11 +78,11 @@ def _read(descriptor, path, held, sizes, starts, names):
     """The members of one column: those ``held`` (bytes read with their headers) as they are, the
     others (None) read when taken, one ``os.pread`` each."""
     pread = os.pread
-    for data, size, start in zip(held, sizes, starts):
+    for data, size, start, name in zip(held, sizes, starts, names):
         if data is None:
             data = pread(descriptor, size, start)
             if len(data) != size:  # over 2 GiB, or the file cut short meanwhile
-                name = names[starts.index(start)].decode("utf-8", "surrogateescape")
+                name = name.decode("utf-8", "surrogateescape")
                 member, hint = f"member {name!r}", "was it cut short while it was read?"
                 data = pread_exactly(descriptor, size, start, path, member, hint, data)
         yield data

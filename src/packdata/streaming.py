@@ -475,7 +475,7 @@ class ShardDataset(IterableDataset):
 
     def _count(self, shard):
         try:
-            return count_shard_samples(shard, self._read_one)
+            return count_shard_samples(shard, self._read_again() or read_shard)
         except UNREADABLE:
             if self.errors == "raise":
                 raise
@@ -525,13 +525,9 @@ class ShardDataset(IterableDataset):
             samples = batched(samples, self.batch_size)
         return samples if report is raise_now else self.reporting(samples, report)
 
-    def _read_one(self, shard):
-        """One shard's bytes: through the cache when there is one."""
-        return read_shard(shard) if self.cache is None else self.cache.read(shard)
-
     def _read_again(self):
-        """What reads a shard a second time (``left_tuples``): the cache, when there is one; else
-        None, where it lies."""
+        """What reads a shard a second time (``left_tuples``, counting its samples): the cache,
+        when there is one; else None, where it lies."""
         return None if self.cache is None else self.cache.read
 
     def _reads(self, shards):
