@@ -126,29 +126,6 @@ def test_verdict_words_need_every_round_on_one_side():
     assert straddle.endswith("no clear verdict: the rounds straddle 60%")
 
 
-def crowded():
-    comparison = judged([100, 50, 70])
-    comparison.rates["2 plain processes"] = [110, 100, 105]
-    comparison.rates["webdataset"] = [100, 50, 70]
-    return comparison
-
-
-def test_an_undecided_verdict_says_once_when_another_program_holds_the_cores(monkeypatch):
-    monkeypatch.setattr(ceiling, "usable_cores", lambda: 2)
-    lines = ceiling.verdict(crowded(), ["2 workers", "webdataset"], 2).splitlines()
-    assert lines[1].endswith("no clear verdict: the rounds straddle 60%")
-    assert lines[3:] == [
-        "  the cores allow only 1.05×: another program is busy here; try again when it is quieter"
-    ]
-    assert len(ceiling.verdict(judged([160, 90, 80]), "2 workers", 2).splitlines()) == 2
-
-
-def test_an_undecided_verdict_on_one_core_says_so(monkeypatch):
-    monkeypatch.setattr(ceiling, "usable_cores", lambda: 1)
-    last = ceiling.verdict(crowded(), "2 workers", 2).splitlines()[-1]
-    assert last == "  this notebook gets 1 core: workers have nothing to gain"
-
-
 def test_verdict_judges_each_loader_named():
     comparison = judged([160, 150, 171])
     comparison.rates["webdataset"] = [100, 90, 80]

@@ -25,14 +25,9 @@ from multiprocessing.util import Finalize
 
 import torch
 
-from .system import usable_cores
-
 # the share of the ceiling that a loader reaches in every round for the verdict "most of": the rest
 # is its own cost (every batch handed to the main process, which needs a share of the cores too)
 ENOUGH = 0.6
-# a ceiling below this (processes against one) says that another program holds the cores: a share
-# of it spreads from round to round, and a verdict that cannot decide says why
-CROWDED = 1.2
 
 
 def plain(processes):
@@ -176,12 +171,10 @@ def verdict(
     """What the cores allow (``processes`` plain processes against one), then for each of
     ``loaders`` (a run's name, or several) the share of the ceiling it reaches, each with the
     spread of its rounds, a line each. The words judge a share: ``reached`` when every round's is
-    at least ``enough``, ``short`` when none is, else that the rounds straddle it; after an
-    undecided share, where the cores allow under ``CROWDED``, a last line says why (``crowded``)."""
+    at least ``enough``, ``short`` when none is, else that the rounds straddle it."""
     many, one = plain(processes), plain(1)
     allowed = comparison.ratio(many, one)
     lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
-    undecided = False
     for loader in [loaders] if isinstance(loaders, str) else loaders:
         share = comparison.ratio(loader, many)
         if share.low >= enough:
@@ -190,23 +183,8 @@ def verdict(
             words = short
         else:
             words = f"no clear verdict: the rounds straddle {enough:.0%}"
-            undecided = True
         lines.append(
             f"{loader}: {share.value:.0%} of what {many} reach here "
             f"(rounds {share.low:.0%} to {share.high:.0%}): {words}"
         )
-    if undecided and allowed.value < CROWDED:
-        lines.append(crowded(allowed.value, processes))
     return "\n".join(lines)
-
-
-def crowded(allowed, processes):
-    """Why the shares spread when ``processes`` plain processes gain only ``allowed``× on one: the
-    notebook gets fewer cores than that, or another program holds them."""
-    cores = usable_cores()
-    if cores < processes:
-        return f"  this notebook gets {cores} core{'s' * (cores > 1)}: workers have nothing to gain"
-    return (
-        f"  the cores allow only {allowed:.2f}×: another program is busy here;"
-        " try again when it is quieter"
-    )
