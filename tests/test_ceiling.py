@@ -126,6 +126,13 @@ def test_verdict_words_need_every_round_on_one_side():
     assert straddle.endswith("no clear verdict: the rounds straddle 60%")
 
 
+def test_a_share_far_above_the_ceiling_judges_nothing():
+    # the loaders do the plain processes' work and more: only a busy machine puts them far above
+    above = ceiling.verdict(judged([300, 170, 290]), "2 workers", 2)
+    assert above.endswith("above the ceiling: the machine moved; run it again")
+    assert ceiling.verdict(judged([205, 180, 200]), "2 workers", 2).endswith("cores allow")
+
+
 def test_verdict_judges_each_loader_named():
     comparison = judged([160, 150, 171])
     comparison.rates["webdataset"] = [100, 90, 80]

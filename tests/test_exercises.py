@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import webdataset as wds
+from botocore.config import Config
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -720,7 +721,9 @@ def s3_shards(root):
     manifest; private objects."""
     if not _S3:
         server = s3.S3Server(export=False).start()
-        client = boto3.client("s3", endpoint_url=server.endpoint_url, **S3_CREDENTIALS)
+        client = boto3.client(
+            "s3", endpoint_url=server.endpoint_url, config=SIGV4, **S3_CREDENTIALS
+        )
         client.create_bucket(Bucket="shapes")
         for path in tiny_shards(root):
             client.upload_file(path, "shapes", f"train/{Path(path).name}")
@@ -729,6 +732,7 @@ def s3_shards(root):
     return _S3["client"]
 
 
+SIGV4 = Config(signature_version="s3v4")  # as s3.client() signs
 S3_CREDENTIALS = {
     "region_name": "us-east-1",
     "aws_access_key_id": "testing",
@@ -797,6 +801,12 @@ def urls_for_an_hour(client, bucket, prefix, expires_s):
     return [presign(client, bucket, key) for key in keys if key.endswith(".tar")]
 
 
+def urls_signed_with_version_2(client, bucket, prefix, expires_s):
+    # a client made without a config: boto3 presigns us-east-1 URLs with version 2
+    client = boto3.client("s3", endpoint_url=client.meta.endpoint_url, **S3_CREDENTIALS)
+    return urls_right(client, bucket, prefix, expires_s)
+
+
 def urls_newest_first(client, bucket, prefix, expires_s):
     return urls_right(client, bucket, prefix, expires_s)[::-1]
 
@@ -830,6 +840,7 @@ URL_MISTAKES = {
     urls_of_s3: "has no credentials",
     urls_unsigned: "carries no signature",
     urls_for_an_hour: r"expire after 3,600 s \(an hour: ExpiresIn's default\), not 86,400 s",
+    urls_signed_with_version_2: "signed with Signature Version 2",
     urls_newest_first: "not in key order",
     urls_of_the_file_names: "sign each object's whole key",
     urls_asking_for_more_keys: "at most 1,000 keys",
@@ -1336,7 +1347,9 @@ def stream_class(mistake=None):
             seed = 0 if mistake == "seed ignored" else self.seed
             pair = seed + epoch if mistake == "seed plus epoch" else f"{seed}:{epoch}"
             order = list(self.shards)
-            random.Random(f"{pair}:{rank_salt}").shuffle(order)
+            worker_salt = worker if mistake == "worker in the shard seed" else ""
+            if mistake != "shuffle after the split":
+                random.Random(f"{pair}:{rank_salt}:{worker_salt}").shuffle(order)
             if mistake == "global shuffle":
                 random.seed(f"{pair}")
                 random.shuffle(order)
@@ -1350,6 +1363,11 @@ def stream_class(mistake=None):
                 mine = order[self.rank : len(order) - 1 : self.world_size]
             if mistake != "no worker split":
                 mine = mine[worker::workers]
+            if mistake == "shuffle after the split":
+                random.Random(pair).shuffle(mine)
+            if mistake == "dealt off by one":
+                every = self.world_size * workers
+                mine = order[self.rank * self.world_size + worker :: every]
             samples = (sample for shard in mine for sample in read_samples(shard))
             if mistake == "samples split":
                 every, me = self.world_size * workers, self.rank * workers + worker
@@ -1395,7 +1413,10 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
     [
         ("no worker split", "get_worker_info"),
         ("no rank split", "[rank::world_size]"),
-        ("rank in the shard seed", "never the rank or the worker"),
+        ("rank in the shard seed", "(a seed with the rank or worker in it"),
+        ("worker in the shard seed", "shuffled the shard list differently"),
+        ("shuffle after the split", "only in a new order. Shuffle the whole shard list"),
+        ("dealt off by one", "[r * num_workers + w :: world_size * num_workers]"),
         ("epoch ignored", "set_epoch"),
         ("no buffer", "shuffle buffer is not mixing"),
         ("ranks overlap", "the ranks' parts overlap"),
@@ -1418,6 +1439,13 @@ def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):
     assert named in str(failed.value)
 
 
+def test_twice_within_a_rank_and_missing_blames_the_workers_shuffles():
+    # the workers of rank 0 dealt from lists shuffled differently: "a" twice, "d" and "e" never
+    reason = checks._duplicates_explained([["a", "a", "b"], ["c"]], expected=5)
+    assert reason.startswith("within one rank, 1 samples arrived twice, and 2 of 5 never")
+    assert "the rank's workers shuffled the shard list differently" in reason
+
+
 def every_shard(urls):
     """A node splitter that gives every rank every shard: the mistake to catch."""
     return urls
@@ -1437,11 +1465,15 @@ def loader_maker(
     split_first=False,
     options=(),
     workers=2,
+    buffer=0,
+    own_shuffle=False,
     **batching,
 ):
     def make_loader(shards, epoch):
         if splitter is split_when_made or split_first:
             shards = split_when_made(shards)
+        if own_shuffle:  # the same on every rank, new each epoch; webdataset then keeps it
+            shards = random.Random(epoch).sample(shards, len(shards))
         settings = {
             "shardshuffle": len(shards),
             "seed": epoch if seed_from_epoch else 0,
@@ -1451,6 +1483,7 @@ def loader_maker(
             **dict(options),
         }
         dataset = wds.WebDataset(shards, **settings)
+        dataset = dataset.shuffle(buffer) if buffer else dataset
         dataset = dataset.to_tuple(*fields)
         dataset = dataset.batched(batch, **batching) if batch else dataset
         return wds.WebLoader(dataset, batch_size=None, num_workers=workers)
@@ -1460,8 +1493,13 @@ def loader_maker(
 
 @pytest.mark.parametrize(
     "maker",
-    [loader_maker(select=methodcaller("endswith", ".cls")), loader_maker(splitter=split_when_made)],
-    ids=["selects files", "splits by RANK when made"],
+    [
+        loader_maker(select=methodcaller("endswith", ".cls")),
+        loader_maker(splitter=split_when_made),
+        loader_maker(buffer=100),
+        loader_maker(own_shuffle=True, options={"shardshuffle": False}.items(), buffer=100),
+    ],
+    ids=["selects files", "splits by RANK when made", "buffers", "shuffles the list itself"],
 )
 def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
     checks.check_webdataset_loader(maker, tiny_shards(tiny_dataset))
@@ -1480,6 +1518,11 @@ def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
         (loader_maker(select=lambda name: name.endswith(".cls")), "does not pickle"),
         (loader_maker(options={"workersplitter": None}.items()), "Leave workersplitter"),
         (loader_maker(options={"shardshuffle": False}.items()), "shardshuffle=len(shards)"),
+        (loader_maker(seed_from_epoch=False, buffer=100), "seed=0 in epochs 0 and 1"),
+        (
+            loader_maker(options={"shardshuffle": False}.items(), buffer=100),
+            "the shards came in the same order",
+        ),
         (loader_maker(fields=("cls", "__key__")), "pick the key first"),
         (loader_maker(split_first=True), "split by rank twice"),
         (loader_maker(splitter=wds.split_by_worker), "some came more than once and others"),

@@ -16,21 +16,33 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*set_vital.*")
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    root = synthetic.make_dataset(
+def root(tmp_path_factory):
+    return synthetic.make_dataset(
         tmp_path_factory.mktemp("data") / "shapes", size=60, progress=False
     )
-    written = shardwrite.write_shards(
-        root, tmp_path_factory.mktemp("shards"), maxcount=7, progress=False
-    )
+
+
+def write(root, folder, maxcount):
+    written = shardwrite.write_shards(root, folder, maxcount=maxcount, progress=False)
     return [str(info.path) for info in written]
+
+
+@pytest.fixture(scope="module")
+def shards(root, tmp_path_factory):
+    return write(root, tmp_path_factory.mktemp("shards"), maxcount=7)
+
+
+@pytest.fixture(scope="module")
+def long_shards(root, tmp_path_factory):
+    """Shards longer than a batch, so that a place rounded to whole batches lands inside one."""
+    return write(root, tmp_path_factory.mktemp("long"), maxcount=20)
 
 
 class Stream(IterableDataset):
     """The worked answer, with switches for the mistakes learners make."""
 
     update_after_yield = ignore_loaded = keep_history = keep_shards = no_reset = False
-    shard_start = skip_everywhere = False
+    shard_start = skip_everywhere = never_update = count_batches = False
 
     def __init__(self, shards):
         self.shards, self.shard, self.taken, self.seen = list(shards), 0, 0, []
@@ -42,7 +54,7 @@ class Stream(IterableDataset):
             samples = shard_tuples(self.shards[index], ("__key__", "cls"), raise_now)
             first = skip if index == start or self.skip_everywhere else 0
             for taken, sample in enumerate(islice(samples, first, None), first + 1):
-                if not self.update_after_yield:
+                if not (self.update_after_yield or self.never_update):
                     self.shard, self.taken = index, taken
                 self.seen.append(sample[0])
                 yield sample
@@ -52,7 +64,8 @@ class Stream(IterableDataset):
             self.shard, self.taken = 0, 0
 
     def state_dict(self):
-        state = {"shard": self.shard, "taken": self.taken}
+        taken = self.taken // 8 * 8 if self.count_batches else self.taken
+        state = {"shard": self.shard, "taken": taken}
         if self.keep_shards:
             state["shards"] = [str(shard) for shard in self.shards]
         return state | {"seen": self.seen} if self.keep_history else state
@@ -80,11 +93,24 @@ def test_the_answer_passes(shards, capsys):
         ("no_reset", "back to the first sample"),
         ("shard_start", "to the start of the shard it was in?"),
         ("skip_everywhere", "skip samples only in the shard you resume in"),
+        ("never_update", "place {'shard': 0, 'taken': 0} is a fresh stream's.*as you yield"),
     ],
 )
 def test_each_mistake_is_named(shards, name, says):
     with pytest.raises(CheckFailed, match=says):
         check_resumable_stream(mistake(name), shards)
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("shard_start", "went back 16 sample.*to the start of the shard it was in?"),
+        ("count_batches", "went back 4 sample.*inside the shard it was in: .* samples handed out"),
+    ],
+)
+def test_going_back_inside_a_shard_is_told_from_going_to_its_start(long_shards, name, says):
+    with pytest.raises(CheckFailed, match=says):
+        check_resumable_stream(mistake(name), long_shards)
 
 
 def padded(n, world_size, epoch, drop_last, pad=lambda order, missing: order[:missing]):
@@ -123,6 +149,13 @@ def padded_once(n, world_size, rank, epoch, drop_last=False):
     ]
 
 
+def globally_seeded(n, world_size, rank, epoch, drop_last=False):
+    """Torch's indices, drawn from torch's global generator."""
+    torch.manual_seed(0 + epoch)
+    per_rank = n // world_size if drop_last else -(-n // world_size)
+    return (torch.randperm(n).tolist() * world_size)[: per_rank * world_size][rank::world_size]
+
+
 def test_the_index_answer_passes(capsys):
     check_distributed_indices(answer)
     assert "68 cases" in capsys.readouterr().out
@@ -133,7 +166,10 @@ def test_the_index_answer_passes(capsys):
     [
         (lambda n, w, r, e, d=False: answer(n, w, r, e, d)[::-1], "another order"),
         (lambda n, w, r, e, d=False: list(range(n))[r::w], "not shuffled"),
-        (lambda n, w, r, e, d=False: list(range(r, n, w)) and answer(n, w, r, 0, d), "other"),
+        (lambda n, w, r, e, d=False: answer(n, w, r, e + 1, d), "other indices than torch's"),
+        (lambda n, w, r, e, d=False: answer(n, w, r, 0, d), "right in epoch 0.*seed \\+ epoch"),
+        (lambda n, w, r, e, d=False: answer(n, w, r, 2 * e, d), "right in epoch 0"),
+        (globally_seeded, r"\(12, 3, 0, 0, False\) reseeded .* torch.Generator of its own"),
         (in_blocks, r"a block of the permutation .* permutation\[rank::world_size\]"),
         (padded_with_the_end, "the padding is not torch's: DistributedSampler pads with its start"),
         (padded_once, r"repeated as often as needed: here the padding \(3\) is longer"),

@@ -28,6 +28,7 @@ import torch
 # the share of the ceiling that a loader reaches in every round for the verdict "most of": the rest
 # is its own cost (every batch handed to the main process, which needs a share of the cores too)
 ENOUGH = 0.6
+ABOVE = 1.1  # a loader this far above the plain processes shows a disturbed measurement
 
 
 def plain(processes):
@@ -171,13 +172,17 @@ def verdict(
     """What the cores allow (``processes`` plain processes against one), then for each of
     ``loaders`` (a run's name, or several) the share of the ceiling it reaches, each with the
     spread of its rounds, a line each. The words judge a share: ``reached`` when every round's is
-    at least ``enough``, ``short`` when none is, else that the rounds straddle it."""
+    at least ``enough``, ``short`` when none is, else that the rounds straddle it; a median share
+    over ``ABOVE`` judges nothing (the loaders do the plain processes' work and more, so only a
+    machine that moved can put them far above it)."""
     many, one = plain(processes), plain(1)
     allowed = comparison.ratio(many, one)
     lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
     for loader in [loaders] if isinstance(loaders, str) else loaders:
         share = comparison.ratio(loader, many)
-        if share.low >= enough:
+        if share.value > ABOVE:
+            words = "above the ceiling: the machine moved; run it again"
+        elif share.low >= enough:
             words = reached
         elif share.high < enough:
             words = short

@@ -37,6 +37,12 @@ def describe_request(method, url, headers=None):
     )
 
 
+def _target(url):
+    """What a request line names for ``url``: its path, and its query when it has one."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.path}?{parts.query}" if parts.query else parts.path
+
+
 class FileChangedError(OSError):
     """An archive changed after its index was read: the offsets no longer point at its members."""
 
@@ -59,10 +65,11 @@ class HttpClient:
         """The URL of ``relpath`` under the base URL."""
         return self.base_url + urllib.parse.quote(relpath)
 
-    def get(self, relpath):
-        """The body of one GET; errors name the URL and the HTTP status (404 is a
+    def get(self, relpath, query=""):
+        """The body of one GET, with ``query`` (what follows ``?`` in a URL, a presigned URL's
+        signature say) sent as it is; errors name the URL and the HTTP status (404 is a
         ``FileNotFoundError``)."""
-        return self._expect("GET", relpath, {}, HTTPStatus.OK)[1]
+        return self._expect("GET", relpath, {}, HTTPStatus.OK, query)[1]
 
     def get_range(self, relpath, start, length, etag=None):
         """``length`` bytes of ``relpath`` from offset ``start``, with one Range GET (none when
@@ -106,9 +113,7 @@ class HttpClient:
         for attempt in (1, 2):
             try:
                 try:
-                    connection.request(
-                        method, urllib.parse.urlsplit(url).path, body=body, headers=headers or {}
-                    )
+                    connection.request(method, _target(url), body=body, headers=headers or {})
                 except ConnectionError:
                     if connection.sock is None:
                         raise  # no connection at all
@@ -126,10 +131,10 @@ class HttpClient:
                 if attempt == 2 or not repeatable:
                     raise ConnectionError(f"{what} failed: {error!r}") from error
 
-    def _expect(self, method, relpath, headers, expected_status):
+    def _expect(self, method, relpath, headers, expected_status, query=""):
         """``(response, body)`` of one request that must answer ``expected_status``; errors name the
         request."""
-        url = self.url_for(relpath)
+        url = self.url_for(relpath) + (f"?{query}" if query else "")
         response, body = self.request(method, url, headers=headers)
         if response.status == HTTPStatus.PRECONDITION_FAILED and "If-Match" in headers:
             raise FileChangedError(

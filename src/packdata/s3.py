@@ -2,7 +2,7 @@
 that find any S3 endpoint through one setting.
 
     with S3Server():  # sets AWS_ENDPOINT_URL (and dummy keys) while it runs
-        s3 = client()  # plain boto3: the same line works against AWS, MinIO, Ceph...
+        s3 = client()  # boto3, SigV4: the same line works against AWS, MinIO, Ceph...
         s3.create_bucket(Bucket="shapes")
         upload_files(["train-000000.tar"], "shapes")
         filesystem().cat("shapes/train-000000.tar")  # s3fs reads it back
@@ -91,10 +91,16 @@ class S3Server:
 
 def client(endpoint_url=None):
     """A boto3 S3 client: at ``endpoint_url``, else wherever ``AWS_ENDPOINT_URL`` points, else
-    Amazon S3."""
+    Amazon S3. It signs with Signature Version 4, presigned URLs too: left to itself, boto3
+    presigns with version 2 in us-east-1, which buckets made since June 2020 refuse."""
     import boto3
+    from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint_url or os.environ.get(ENDPOINT_VARIABLE))
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url or os.environ.get(ENDPOINT_VARIABLE),
+        config=Config(signature_version="s3v4"),
+    )
 
 
 def filesystem(endpoint_url=None):

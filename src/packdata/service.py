@@ -295,7 +295,13 @@ class DatasetService(ServedFolder):
         process=True,
     ):
         super().__init__(root, latency, bandwidth, verbose, host, port, process)
-        self.max_upload = max_upload
+        self._max_upload = max_upload
+
+    max_upload = property(
+        lambda self: self._max_upload,
+        doc="The largest upload accepted, in bytes: fixed when the service is made (its server's "
+        "process is told it once, at start), unlike ``latency`` and ``bandwidth``.",
+    )
 
     def settings(self):
         more = {"host": self.host, "port": self.port, "max_upload": self.max_upload}

@@ -39,12 +39,13 @@ def read_shard(shard):
 
 def fetch_shard(shard):
     """The bytes of one shard file as stored, compressed or not: a local file mapped read-only into
-    memory (``mapped``), or one GET of an ``http://`` URL."""
+    memory (``mapped``), or one GET of an ``http://`` URL, its query too (a presigned URL's
+    signature)."""
     if not is_url(shard):
         return mapped(shard)
     parts = urllib.parse.urlsplit(shard)
     base = f"{parts.scheme}://{parts.netloc}/"
-    return client_for(base).get(urllib.parse.unquote(parts.path.lstrip("/")))
+    return client_for(base).get(urllib.parse.unquote(parts.path.lstrip("/")), parts.query)
 
 
 def mapped(path):

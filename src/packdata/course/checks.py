@@ -950,6 +950,14 @@ def _same_shards(urls, client, bucket, prefix, expires_s, call):
             "private (as they should be), so a GET without one is answered 403 Forbidden: "
             "presign each URL with client.generate_presigned_url('get_object', …)."
         )
+    version_2 = [url for url in urls if "X-Amz-Signature=" not in url]
+    if version_2:
+        raise CheckFailed(
+            f"{call}: {version_2[0]:.100}… is signed with Signature Version 2 (Signature=), which "
+            "Amazon S3 refuses for buckets made since June 2020: make the client sign with "
+            "version 4, boto3.client('s3', config=Config(signature_version='s3v4')) (Config from "
+            "botocore.config), as s3.client() does."
+        )
     shortest = round(min(lifetimes) / 10) * 10  # signed a moment ago: to the nearest 10 s
     if abs(shortest - expires_s) > 120:
         default = " (an hour: ExpiresIn's default)" if abs(shortest - 3600) <= 120 else ""
@@ -1558,8 +1566,9 @@ def check_shard_split(split_shards, shards):
                     (r1, w1), (r2, w2) = owners[name], place
                     raise CheckFailed(
                         f"{call}, {name} goes to rank {r1} worker {w1} and to rank {r2} worker "
-                        f"{w2}: "
-                        "its samples would arrive twice. Split by rank first, then by worker."
+                        f"{w2}: its samples would arrive twice. Split by rank first, then by "
+                        "worker ([rank::world_size][worker::num_workers]), or deal in one step: "
+                        "[rank * num_workers + worker :: world_size * num_workers]."
                     )
                 owners[name] = place
         if len(owners) != count:
@@ -1737,10 +1746,18 @@ def _duplicates_explained(per_rank, expected):
     """Why samples arrived more than once or not at all, in words, or None."""
     within = [len(keys) - len(set(keys)) for keys in per_rank]
     everyone = [key for keys in per_rank for key in keys]
+    missing, twice = expected - len(set(everyone)), len(everyone) - len(set(everyone))
     if all(set(Counter(keys).values()) == {3} for keys in per_rank):
         return (
             "every worker of a rank read all of that rank's shards (each sample 3 times per "
             "rank): split the shards between workers with get_worker_info()."
+        )
+    if any(within) and missing:
+        return (
+            f"within one rank, {max(within)} samples arrived twice, and {missing} of {expected} "
+            "never arrived: the rank's workers shuffled the shard list differently (a seed from "
+            "get_worker_info().seed, or none at all). Shuffle it with the same seed and epoch in "
+            "every worker and rank, then split."
         )
     if any(within):
         return (
@@ -1752,9 +1769,18 @@ def _duplicates_explained(per_rank, expected):
             "every rank read every shard (each sample once per rank, twice in all): split the "
             "shards between ranks first, with [rank::world_size]."
         )
-    if len(set(everyone)) < expected:
+    if missing and twice:
         return (
-            f"{expected - len(set(everyone))} of {expected} samples never arrived: the ranks or "
+            f"{twice} samples arrived on both ranks, and {missing} of {expected} never arrived: "
+            "the ranks' parts overlap and leave gaps. Either the ranks or workers shuffled the "
+            "shard list differently (a seed with the rank or worker in it, or none at all), or "
+            "the split's index is off: rank r's "
+            "worker w takes [r::world_size][w::num_workers], which is [r * num_workers + w :: "
+            "world_size * num_workers]."
+        )
+    if missing:
+        return (
+            f"{missing} of {expected} samples never arrived: the ranks or "
             "workers shuffled the shard list differently. Shuffle it with the same seed and epoch "
             "everywhere (never the rank or the worker), then split."
         )
@@ -1953,10 +1979,18 @@ def check_shard_stream(stream_class, shards):
         reason = _duplicates_explained(per_rank, expected)
         if reason:
             raise CheckFailed(f"epoch {epoch}, 2 ranks × 3 workers: {reason}")
+    if epochs[0] == epochs[1]:
+        raise CheckFailed(
+            "every rank got the same samples in the same order in epochs 0 and 1: mix the epoch "
+            "from set_epoch into the seed of the shard shuffle, so that each epoch deals the "
+            "shards anew."
+        )
     if [set(keys) for keys in epochs[0]] == [set(keys) for keys in epochs[1]]:
         raise CheckFailed(
-            "every rank got the same shards in epochs 0 and 1: mix the epoch from set_epoch into "
-            "the seed of the shard shuffle, so that each epoch deals the shards anew."
+            "every rank got the same shards in epochs 0 and 1, only in a new order. Shuffle the "
+            "whole shard list, with a seed that mixes in the epoch, before splitting it by rank "
+            "and worker: a shuffle of each part after the split, or a shard shuffle whose seed "
+            "lacks the epoch, deals every rank the same shards each epoch."
         )
     _check_workers_read_their_shards(stream_class, shards)
     together = _shard_neighbours(epochs[0][0], shards)
@@ -2047,21 +2081,23 @@ def _batch_keys(batch):
 
 
 def _webdataset_keys(make_loader, shards, epoch, rank):
-    """The keys rank ``rank`` of 2 gets from ``make_loader(shards, epoch)``, under the variables
-    torchrun would set."""
+    """``(keys, shard shuffle)``: the keys rank ``rank`` of 2 gets from
+    ``make_loader(shards, epoch)``, under the variables torchrun would set, and its pipeline's
+    ``_shard_order``."""
     from ..torchrunenv import environment
 
     try:
         with environment(RANK=rank, WORLD_SIZE=2):  # reaches forkserver workers too
             loader = make_loader(shards, epoch)
-            _check_pickles(_dataset_of(loader))
+            dataset = _dataset_of(loader)
+            _check_pickles(dataset)
             batches, keys = iter(loader), []
             try:
                 for batch in batches:
                     keys += _batch_keys(batch)
             finally:  # stop the workers here, not when a later check's fork collects the iterator
                 _stop(batches)
-            return keys
+            return keys, _shard_order(dataset)
     except ValueError as error:
         if "nodesplitter" in str(error):
             raise CheckFailed(
@@ -2069,6 +2105,26 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
                 "(nodesplitter=wds.split_by_node)."
             ) from None
         raise
+
+
+def _shard_order(dataset):
+    """``(shard list, buffer size, seed)`` of a webdataset pipeline: the shards as the pipeline
+    was given them, and the first shuffle, the one that draws their order
+    (``WebDataset(shardshuffle=..., seed=...)`` puts it before the shards are opened; a buffer
+    size of 0 or False shuffles nothing). None when the pipeline has neither. A loader made anew
+    for each epoch, as here, starts that shuffle from its seed every time: with the same list and
+    the same seed, the same shard order."""
+    from webdataset import filters
+
+    stages = getattr(dataset, "pipeline", [])
+    given = next((stage.urls for stage in stages if hasattr(stage, "urls")), None)
+    for stage in stages:
+        if isinstance(stage, filters.detshuffle):
+            return given, stage.bufsize, stage.seed
+        if isinstance(stage, filters.FilterFunction) and stage.f is filters._shuffle:
+            size = (stage.args or (stage.kw.get("bufsize", 1000),))[0]
+            return given, size, stage.kw.get("seed")
+    return None
 
 
 def _stop(batches):
@@ -2120,16 +2176,27 @@ def check_webdataset_loader(make_loader, shards):
     from ..shardread import count_shard_samples
 
     expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
-    epochs = [[_webdataset_keys(make_loader, shards, e, rank) for rank in (0, 1)] for e in (0, 1)]
+    runs = [[_webdataset_keys(make_loader, shards, e, rank) for rank in (0, 1)] for e in (0, 1)]
+    epochs = [[keys for keys, _ in per_rank] for per_rank in runs]
     for epoch, per_rank in enumerate(epochs):
         reason = _webdataset_epoch_explained(epoch, per_rank, expected)
         if reason:
             raise CheckFailed(reason)
-    if epochs[0] == epochs[1]:
+    orders = [per_rank[0][1] for per_rank in runs]  # rank 0's, epochs 0 and 1
+    same_list = None not in orders and orders[0][0] == orders[1][0]
+    if epochs[0] == epochs[1] or (same_list and not orders[0][1]):
         raise CheckFailed(
-            "epochs 0 and 1 came in the same order: shuffle the shards (shardshuffle=len(shards); "
-            "False or leaving it out keeps their order) and seed that shuffle from the epoch (a "
+            "the shards came in the same order in epochs 0 and 1: shuffle them "
+            "(shardshuffle=len(shards); False or leaving it out keeps their order; a buffer of "
+            "samples, .shuffle(n), mixes only neighbours) and seed that shuffle from the epoch (a "
             "new WebDataset per epoch, seed=epoch)."
+        )
+    if same_list and orders[0][2] is not None and orders[0][2] == orders[1][2]:
+        raise CheckFailed(
+            f"the shard order repeats every epoch: the shard shuffle has seed={orders[0][2]!r} "
+            "in epochs 0 and 1, so it draws the same order each time (a buffer of samples, "
+            ".shuffle(n), mixes only neighbours, and so the samples' order changed). Seed the "
+            "shard shuffle from the epoch: seed=epoch, or your own base seed plus the epoch."
         )
     passed(f"2 ranks read all {expected:,} samples once per epoch, in a new order each epoch.")
 

@@ -62,7 +62,28 @@ def _state_problem(state, n_samples, shards):
     return None
 
 
-def _cut_problem(before, after, whole):
+def _unmoved(state, fresh, taken):
+    """Why a state saved after ``taken`` samples is a ``fresh`` stream's; None when it is not."""
+    if state != fresh:
+        return None
+    return (
+        f"the saved place {state!r} is a fresh stream's, though {taken} samples were handed out: "
+        "update the place as you yield, before each yield to the sample after it"
+    )
+
+
+def _shard_starts(shards):
+    """Where each shard's first sample sits in the epoch."""
+    from packdata.layout import raise_now
+    from packdata.streaming import shard_tuples
+
+    starts = [0]
+    for shard in shards:
+        starts.append(starts[-1] + sum(1 for _ in shard_tuples(shard, KEYS, raise_now)))
+    return starts[:-1]
+
+
+def _cut_problem(before, after, whole, shards):
     """What went wrong at the cut, compared with the uninterrupted epoch; None when nothing."""
     cut = len(before)
     if before + after == whole:
@@ -83,10 +104,15 @@ def _cut_problem(before, after, whole):
         )
     start = len(whole) - len(after)
     if 0 < start < cut and whole[start:] == after:
+        went = f"the restarted loader went back {cut - start} sample(s), to {after[0]!r}"
+        if start in _shard_starts(shards):
+            return (
+                f"{went}: to the start of the shard it was in? Save how far into that shard it "
+                "got as well, and skip that many"
+            )
         return (
-            f"the restarted loader went back {cut - start} sample(s), to {after[0]!r}: to the "
-            "start of the shard it was in? Save how far into that shard it got as well, and "
-            "skip that many"
+            f"{went}, inside the shard it was in: the place must count the samples handed out, "
+            "exactly, not batches or a round number"
         )
     if cut < start < len(whole) and whole[start:] == after:
         return (
@@ -113,7 +139,11 @@ def check_resumable_stream(stream_class, shards):
     # latest first: there a restart that goes back to the start of its shard goes back furthest
     for cut in sorted({1, n_batches // 3, n_batches // 2, n_batches - 1} - {0}, reverse=True):
         before, state, after = _resumed(stream_class, shards, cut)
-        problem = _state_problem(state, len(whole), shards) or _cut_problem(before, after, whole)
+        problem = (
+            _state_problem(state, len(whole), shards)
+            or _unmoved(state, stream_class(shards).state_dict(), len(before))
+            or _cut_problem(before, after, whole, shards)
+        )
         if problem:
             raise CheckFailed(f"checkpoint after batch {cut} of {n_batches}: {problem}.")
     loader = _loader(stream_class(shards))
@@ -187,6 +217,36 @@ def _index_problem(got, want, case):
     return "other indices than torch's: the permutation is torch.randperm(n) seeded by seed + epoch"
 
 
+def _indices(distributed_indices, case):
+    """The learner's indices for ``case``, as ints; ``CheckFailed`` when the call touched torch's
+    global random generator."""
+    import torch
+
+    before = torch.get_rng_state()
+    got = [int(index) for index in distributed_indices(*case)]
+    if not torch.equal(torch.get_rng_state(), before):
+        raise CheckFailed(
+            f"distributed_indices{case} reseeded or drew from torch's global random generator "
+            "(torch.manual_seed, torch.randperm without a generator): the model's own randomness "
+            "(initialisation, dropout, augmentation) changes with it. Draw from a torch.Generator "
+            "of its own, seeded with seed + epoch."
+        )
+    return got
+
+
+def _epoch_problem(distributed_indices, case):
+    """Why ``case``, wrong in an epoch after the first, was right in epoch 0; None when it was
+    not."""
+    n, world_size, rank, epoch, drop_last = case
+    first = (n, world_size, rank, 0, drop_last)
+    if epoch == 0 or _indices(distributed_indices, first) != _reference(*first):
+        return None
+    return (
+        f"right in epoch 0, other indices in epoch {epoch}: DistributedSampler seeds its generator "
+        "with seed + epoch, so that every epoch has its own order; mix the epoch in that way"
+    )
+
+
 def check_distributed_indices(distributed_indices):
     """``distributed_indices(n, world_size, rank, epoch, drop_last)`` gives the indices torch's
     ``DistributedSampler`` (seed 0, shuffled) gives that rank, for even and uneven splits."""
@@ -198,10 +258,10 @@ def check_distributed_indices(distributed_indices):
         for drop in (False, True)
     ]
     for case in cases:
-        got = [int(index) for index in distributed_indices(*case)]
-        want = _reference(*case)
+        got, want = _indices(distributed_indices, case), _reference(*case)
         if got != want:
             n, world, rank, epoch, drop = case
             where = f"n={n}, world_size={world}, rank={rank}, epoch={epoch}, drop_last={drop}"
-            raise CheckFailed(f"{where}: {_index_problem(got, want, case)}.")
+            problem = _epoch_problem(distributed_indices, case) or _index_problem(got, want, case)
+            raise CheckFailed(f"{where}: {problem}.")
     passed(f"the same indices as DistributedSampler in all {len(cases)} cases, padding included.")
