@@ -402,6 +402,12 @@ def buffer_with_its_own_random(samples, size, rng):
     return buffer_right(samples, size, random.Random())
 
 
+def buffer_with_a_fixed_generator(samples, size, rng):
+    import random
+
+    return buffer_right(samples, size, random.Random(0))
+
+
 def split_after_a_shuffle(shards, rank, world_size, worker, workers):
     shards = list(shards)
     random.shuffle(shards)
@@ -1243,6 +1249,7 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_shuffle_buffer", buffer_beside_the_newcomer, "more than once"),
         ("check_shuffle_buffer", mistaken_buffer(kept=True), "outlived the first call"),
         ("check_shuffle_buffer", buffer_with_a_reversed_drain, "the final drain ignores rng"),
+        ("check_shuffle_buffer", buffer_with_a_fixed_generator, "never uses the rng it is given"),
         (
             "check_shuffle_buffer",
             lambda samples, size, rng: sorted(samples, key=lambda _: rng.random()),
@@ -1346,7 +1353,7 @@ def stream_class(mistake=None):
             rank_salt = self.rank if mistake == "rank in the shard seed" else ""
             seed = 0 if mistake == "seed ignored" else self.seed
             pair = seed + epoch if mistake == "seed plus epoch" else f"{seed}:{epoch}"
-            order = list(self.shards)
+            order = self.shards if mistake == "shards shuffled in place" else list(self.shards)
             worker_salt = worker if mistake == "worker in the shard seed" else ""
             if mistake != "shuffle after the split":
                 random.Random(f"{pair}:{rank_salt}:{worker_salt}").shuffle(order)
@@ -1424,7 +1431,8 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("buffer kept", "the buffer still holds samples to give"),
         ("seed ignored", "mix self.seed"),
         ("seed plus epoch", "seed + epoch makes them collide"),
-        ("unseeded buffer", "the same seed and epoch streamed another order"),
+        ("unseeded buffer", "in another order the second time"),
+        ("shards shuffled in place", "not self.shards in place"),
         ("samples split", "Split the shard list between workers, not the samples"),
         ("global shuffle", "global random generator"),
         ("worker info always there", "get_worker_info() returns None"),

@@ -1692,6 +1692,12 @@ def check_shuffle_buffer(shuffle_buffer, shards):
             "the same rng seed gave a different order: draw every random choice from rng, nothing "
             "else."
         )
+    if list(_past_the_buffer_named(shuffle_buffer(iter(range(200)), 50, random.Random(5)))) == out:
+        raise CheckFailed(
+            "rng seeded 0 and rng seeded 5 gave the same order: the buffer never uses the rng it "
+            "is given. Draw every random choice from rng (rng.randrange, rng.shuffle), not from a "
+            "generator of your own."
+        )
     small = list(_past_the_buffer_named(shuffle_buffer(iter(range(20)), 50, random.Random(1))))
     if sorted(small) != list(range(20)):
         raise CheckFailed(
@@ -1896,6 +1902,13 @@ def _alone_keys(stream_class, shards):
             f"iterating the same dataset twice in one epoch gave {len(passes[0])} items, then "
             f"{len(passes[1])} ({len(set(passes[1]))} distinct): something outlived the first "
             "pass (a buffer or a generator made in __init__). Make them inside __iter__."
+        )
+    if passes[1] != passes[0]:
+        raise CheckFailed(
+            "iterating the same dataset twice in one epoch gave its samples in another order the "
+            "second time: draw every random choice from generators made in __iter__ and seeded "
+            "with self.seed and self.epoch, and shuffle a copy of the shard list (not self.shards "
+            "in place), so that an epoch can be repeated, as a resumed job repeats it."
         )
     return [key for key, _ in passes[0]]
 
@@ -2153,7 +2166,8 @@ def _webdataset_epoch_explained(epoch, per_rank, expected):
     if len(everyone) == len(set(everyone)) < expected:
         missing = expected - len(everyone)
         cause = (
-            "Does each worker drop its last, short batch (partial=False)? .batched(32) keeps it."
+            "Does each worker drop its last, short batch (partial=False)? .batched(32) keeps it. "
+            "Or is the epoch cut short (with_epoch)?"
             if missing < min(2 * 2 * 32, expected // 2)  # at most a batch short in each worker
             else "Are the shards split by rank twice (a slice of your own, then "
             "split_by_node), or the epoch cut short (with_epoch)?"
