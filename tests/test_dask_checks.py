@@ -82,10 +82,23 @@ def not_resized(source, target):
 
 
 def kept_on_failure_elsewhere(source, target):
-    """A temporary file in tempfile's own folder, left there when the task fails."""
+    """A temporary file in tempfile's own folder, moved onto ``target``, left there when the task
+    fails."""
     if Path(target).exists():
         return 0
-    handle, temporary = tempfile.mkstemp()
+    handle, temporary = tempfile.mkstemp(suffix=".tar")
+    os.close(handle)
+    count = write(resized(source), temporary)
+    shutil.move(temporary, target)
+    return count
+
+
+def kept_on_failure(source, target):
+    """A hidden temporary file beside ``target``, left there when the task fails."""
+    target = Path(target)
+    if target.exists():
+        return 0
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(handle)
     count = write(resized(source), temporary)
     os.replace(temporary, target)
@@ -164,6 +177,9 @@ def test_a_temporary_file_in_tempfiles_folder_is_named(shards):
         )
     with pytest.raises(CheckFailed, match="not beside `target`: on a cluster"):
         check_shard_task(in_the_system_tmp, shards)
+    # named so even when the task also leaves it behind on a failure
+    with pytest.raises(CheckFailed, match="not beside `target`: on a cluster"):
+        check_shard_task(kept_on_failure_elsewhere, shards)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +190,7 @@ def test_a_temporary_file_in_tempfiles_folder_is_named(shards):
         (keys_renamed, "'000000' is missing"),
         (without_labels, "holds ['jpg']; resize_sample(sample) gives ['cls', 'jpg']"),
         (stuck_on_a_stale_temporary, "running it again raised FileExistsError"),
-        (kept_on_failure_elsewhere, "a failed task left tmp/"),
+        (kept_on_failure, "a failed task left out-broken/.train-000000.tar."),
         (failure_wrapped, "raised RuntimeError"),
         (temporary_named_as_a_shard, "left tmp-train-000000.tar beside the shards"),
         (none_when_skipped, "returned [None, None, None]: return 0 for a skipped shard"),

@@ -213,6 +213,23 @@ def pack_with_labels(root, target, labels_json):
         z.writestr(fixed_time("labels.json"), json.dumps(labels_json(samples)))
 
 
+def pack_with_file_times(root, target):
+    """zipfile's write(path, name): each member stamped with its file's modification time."""
+    samples = imagefolder.load_manifest(root)["samples"]
+    with zipfile.ZipFile(target, "w") as z:
+        for s in samples:
+            z.write(Path(root) / s["path"], f"{s['key']}.jpg")
+        z.writestr(fixed_time("labels.json"), json.dumps({s["key"]: s["label"] for s in samples}))
+
+
+def pack_in_reverse(root, target):
+    samples = imagefolder.load_manifest(root)["samples"][::-1]
+    with zipfile.ZipFile(target, "w") as z:
+        for s in samples:
+            z.writestr(fixed_time(f"{s['key']}.jpg"), (Path(root) / s["path"]).read_bytes())
+        z.writestr(fixed_time("labels.json"), json.dumps({s["key"]: s["label"] for s in samples}))
+
+
 def pack_labels_as_a_list(root, target):
     pack_with_labels(root, target, lambda samples: [s["label"] for s in samples])
 
@@ -254,6 +271,30 @@ def tar_index_with_padded_names(path):
 
 def tar_index_with_bytes_names(path):
     return {name.encode(): place for name, place in tar_index_right(path).items()}
+
+
+def walked_tar_index(padding):
+    """A learner's walk over the headers, skipping ``padding(size)`` bytes after each member."""
+
+    def tar_index(path):
+        index, position = {}, 0
+        with open(path, "rb") as file:
+            while True:
+                file.seek(position)
+                block = file.read(512)
+                if len(block) < 512 or block == bytes(512):
+                    return index
+                size = int(block[124:136].strip(b"\0 "), 8)
+                index[block[:100].rstrip(b"\0").decode()] = (position + 512, size)
+                position += 512 + padding(size)
+
+    return tar_index
+
+
+class ZipOpenedPerSample(ZipDataset):
+    def read_member(self, name):
+        with zipfile.ZipFile(self.archive) as archive:
+            return archive.read(name)
 
 
 class SwappedPair(FolderDataset):
@@ -1103,6 +1144,11 @@ class RecipeShiftedArguments(ZipDataset):
         return ZipDataset, (self.archive, self.decoder)  # the decoder lands in transform
 
 
+class RecipeSwappedArguments(ZipDataset):
+    def __reduce__(self):
+        return ZipDataset, (self.archive, self.decoder, self.transform)  # transform and decoder
+
+
 class RecipeWithoutTransform(ZipDataset):
     def __reduce__(self):
         return ZipDataset, (self.archive,)
@@ -1171,7 +1217,14 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             lambda n, m, lat, b, w: 1000 * n * (lat + m / b) / w,
             "in milliseconds",
         ),
+        ("check_zip_dataset", ZipOpenedPerSample, "opened the ZIP 3 times"),
         ("check_tar_index", tar_index_with_padded_names, "strip the NUL padding"),
+        ("check_tar_index", walked_tar_index(lambda size: 0), "raised ValueError"),
+        (
+            "check_tar_index",
+            walked_tar_index(lambda size: 512 * (size // 512 + 1)),
+            "none after a member of 0 or 512 bytes",
+        ),
         ("check_tar_index", tar_index_with_bytes_names, "names are bytes"),
         ("check_workers_needed", lambda t, lat, s: int(t * (lat + s)) + 1, "one worker too many"),
         (
@@ -1223,6 +1276,8 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             "paid for every sample",
         ),
         ("check_pack_zip", pack_labels_as_a_list, "labels.json holds a list"),
+        ("check_pack_zip", pack_with_file_times, "write\\(path\\) with the file's"),
+        ("check_pack_zip", pack_in_reverse, "another order than the manifest's"),
         ("check_pack_zip", pack_labels_as_floats, "a float: a class number is an int"),
         ("check_pack_zip", pack_labels_as_text, "a str: a class number is an int"),
         ("check_pack_zip", pack_labels_by_path, "has no key '000000'"),
@@ -1271,6 +1326,26 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             "the transfer is for every file",
         ),
         ("check_predict_epoch_seconds", lambda *args: None, "return the seconds, a number"),
+        (
+            "check_predict_epoch_seconds",
+            lambda n, m, lat, b, w: n * (lat / 1000) / w + n * m / (b * w),
+            "latency is already in seconds",
+        ),
+        (
+            "check_predict_epoch_seconds",
+            lambda n, m, lat, b, w: (lat + m / b) / w,
+            "that is one file's time: the epoch reads n_files",
+        ),
+        (
+            "check_predict_epoch_seconds",
+            lambda n, m, lat, b, w: max(n * lat / w, n * m / (b * w)),
+            "take their sum, not the larger",
+        ),
+        (
+            "check_predict_epoch_seconds",
+            lambda n, m, lat, b, w: n * lat / w + n * m * 8 / (b * w),
+            "no factor of 8",
+        ),
         ("check_stage_or_stream", stage_without_the_copy, "you left out the copy"),
         ("check_stage_or_stream", stage_whenever_it_fits, "fitting on scratch is not enough"),
         ("check_stage_or_stream", stage_for_one_epoch, "the copy is paid once"),
@@ -1323,6 +1398,12 @@ def test_check_names_the_mistake(name, wrong, hint, tiny_dataset):
     run, _, _ = CASES[name]
     with pytest.raises(checks.CheckFailed, match=hint):
         run(getattr(checks, name), wrong, tiny_dataset)
+
+
+def test_a_walk_over_the_headers_passes_the_tar_index_check(tiny_dataset, capsys):
+    walk = walked_tar_index(lambda size: -(-size // 512) * 512)
+    checks.check_tar_index(walk, archive(tiny_dataset, "tar"))
+    assert capsys.readouterr().out.startswith("✓")
 
 
 # --- lessons 4 and 5: a streaming dataset and a webdataset loader, written whole -----------------
@@ -1629,6 +1710,7 @@ def test_the_handle_check_names_a_handle_that_breaks_building_the_dataset(tiny_d
     [
         (RecipeShiftedArguments, "transform='torchvision'"),
         (RecipeWithoutTransform, "transform=None"),
+        (RecipeSwappedArguments, r"could not be rebuilt .* in ZipDataset's order"),
     ],
 )
 def test_the_spawn_check_names_a_recipe_that_changes_an_argument(tiny_dataset, recipe, named):

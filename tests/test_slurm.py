@@ -119,16 +119,18 @@ def test_the_job_script_trains_on_every_rank_with_equal_steps(slurm, shards, scr
         assert keys[0][epoch] and not set(keys[0][epoch]) & set(keys[1][epoch])
 
 
-def test_the_exercise_check_names_the_usual_mistakes():
-    def right(slurm):
-        return {
-            "RANK": slurm["SLURM_PROCID"],
-            "WORLD_SIZE": slurm["SLURM_NTASKS"],
-            "LOCAL_RANK": slurm["SLURM_LOCALID"],
-            "LOCAL_WORLD_SIZE": slurm["SLURM_NTASKS_PER_NODE"],
-            "GROUP_RANK": slurm["SLURM_NODEID"],
-        }
+def right(slurm):
+    """Exercise 1's answer: Slurm's strings as they are, ready for os.environ."""
+    return {
+        "RANK": slurm["SLURM_PROCID"],
+        "WORLD_SIZE": slurm["SLURM_NTASKS"],
+        "LOCAL_RANK": slurm["SLURM_LOCALID"],
+        "LOCAL_WORLD_SIZE": slurm["SLURM_NTASKS_PER_NODE"],
+        "GROUP_RANK": slurm["SLURM_NODEID"],
+    }
 
+
+def test_the_exercise_check_names_the_usual_mistakes():
     slurm_checks.check_torch_env(right)
     mistakes = {
         ("RANK", "SLURM_NODEID"): "tasks of one node would all get the same rank",
@@ -149,20 +151,34 @@ def test_the_exercise_check_names_the_usual_mistakes():
         slurm_checks.check_torch_env(
             lambda slurm: {**right(slurm), "X": slurm["SLURM_GPUS_PER_NODE"]}
         )
-    with pytest.raises(slurm_checks.CheckFailed, match="SLURM_TASKS_PER_NODE is '3\\(x2\\)'"):
-        slurm_checks.check_torch_env(
-            lambda slurm: {**right(slurm), "LOCAL_WORLD_SIZE": int(slurm["SLURM_TASKS_PER_NODE"])}
-        )
     with pytest.raises(slurm_checks.CheckFailed, match="other than its slurm argument"):
         slurm_checks.check_torch_env(
             lambda slurm: {**right(slurm), "RANK": os.environ["SLURM_PROCID"]}
         )
-    with pytest.raises(slurm_checks.CheckFailed, match="host name \\('gpu07'\\), not its number"):
-        slurm_checks.check_torch_env(
-            lambda slurm: {**right(slurm), "GROUP_RANK": int(slurm["SLURMD_NODENAME"])}
-        )
     with pytest.raises(slurm_checks.CheckFailed, match="return a dict"):
         slurm_checks.check_torch_env(lambda slurm: tuple(right(slurm).values()))
+
+
+@pytest.mark.parametrize("convert", [str, int], ids=["returned", "converted by the learner"])
+def test_a_slurm_variable_that_is_no_number_is_explained_either_way(convert):
+    # the hint comes whether the learner's own int() raises or the check's, on the strings returned
+    with pytest.raises(slurm_checks.CheckFailed, match="host name \\('gpu07'\\), not its number"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {**right(slurm), "GROUP_RANK": convert(slurm["SLURMD_NODENAME"])}
+        )
+    with pytest.raises(slurm_checks.CheckFailed, match="SLURM_TASKS_PER_NODE is '3\\(x2\\)'"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {
+                **right(slurm),
+                "LOCAL_WORLD_SIZE": convert(slurm["SLURM_TASKS_PER_NODE"]),
+            }
+        )
+
+
+def test_numbers_for_os_environ_are_named():
+    # right values, as ints: os.environ.update(torch_env(os.environ)) would raise TypeError
+    with pytest.raises(slurm_checks.CheckFailed, match="RANK is 0, not a string: .*not int"):
+        slurm_checks.check_torch_env(lambda slurm: {k: int(v) for k, v in right(slurm).items()})
 
 
 def test_the_install_advice_names_every_missing_program_in_lines_that_fit_a_slide():

@@ -246,6 +246,28 @@ def check_predict_epoch_seconds(predict_epoch_seconds):
             "that is the right time in milliseconds: return seconds, as latency is given.",
             lambda n, m, lat, b, w: 1000 * (n * lat / w + n * m / (b * w)),
         ),
+        (
+            "latency is already in seconds (0.002 is 2 ms): use it as it is.",
+            lambda n, m, lat, b, w: n * lat / 1000 / w + n * m / (b * w),
+        ),
+        (
+            "that is one file's time: the epoch reads n_files of them.",
+            lambda n, m, lat, b, w: (lat + m / b) / w,
+        ),
+        (
+            "that is one file's time, as one worker waits for it: the epoch reads n_files of "
+            "them, and the workers share them.",
+            lambda n, m, lat, b, w: lat + m / b,
+        ),
+        (
+            "the two costs add up: every request waits for its latency and then moves its bytes, "
+            "so take their sum, not the larger.",
+            lambda n, m, lat, b, w: max(n * lat / w, n * m / (b * w)),
+        ),
+        (
+            "bandwidth is in bytes per second, as mean_bytes is in bytes: no factor of 8.",
+            lambda n, m, lat, b, w: n * lat / w + 8 * n * m / (b * w),
+        ),
     ]
     for n_files, mean_bytes, latency, bandwidth, workers in cases:
         got = predict_epoch_seconds(n_files, mean_bytes, latency, bandwidth, workers)
@@ -380,6 +402,7 @@ def _labels_of(text):
 def check_pack_zip(pack_zip, root):
     """Lesson 2: ``pack_zip(root, archive)`` writes every JPEG uncompressed, with labels,
     deterministically."""
+    import shutil
     import tempfile
     import zipfile
     from pathlib import Path
@@ -440,16 +463,25 @@ def check_pack_zip(pack_zip, root):
                         f"labels.json gives {label!r} for key {sample['key']}, the manifest says "
                         f"{sample['label']}."
                     )
-        # ZIP timestamps have 2-second resolution: let a clock-stamped archive show itself
+            order = [name for name in infos if name.endswith(".jpg")]
+            if order != [f"{sample['key']}.jpg" for sample in manifest["samples"]]:
+                raise CheckFailed(
+                    "The members come in another order than the manifest's samples: add them in "
+                    "the manifest's order. An order of your own (a set, say) can change from one "
+                    "run to the next, as Python draws str hashes anew in every process."
+                )
+        # a copy of the folder: the same files with new modification times, as after cp or a
+        # regeneration; and ZIP timestamps have 2-second resolution: let a clock stamp show
         time.sleep(2.1)
-        pack_zip(root, second)
+        copy = Path(tmp) / "copy"
+        shutil.copytree(root, copy, copy_function=shutil.copyfile)
+        pack_zip(copy, second)
         if first.read_bytes() != second.read_bytes():
             raise CheckFailed(
-                "Packing the same folder twice gave different archives. writestr(name, data) "
-                "stamps "
-                "each member with the current time: pass a ZipInfo(name, date_time=...) with a "
-                "fixed "
-                "date instead, and add members in sorted key order."
+                "Packing the same files twice (the second time from a copy, whose files have new "
+                "modification times) gave different archives. writestr(name, data) stamps each "
+                "member with the current time, and write(path) with the file's: pass a "
+                "ZipInfo(name, date_time=...) with a fixed date instead."
             )
     passed(
         f"{len(manifest['samples'])} samples stored uncompressed with their labels; the archive is "
@@ -462,13 +494,66 @@ def check_zip_dataset(dataset, archive):
     ZipDataset."""
     from ..datasets import ZipDataset
 
+    opened = _zip_opens(dataset, 3)
+    if opened:
+        raise CheckFailed(
+            f"reading 3 samples opened the ZIP {opened} times: every opening reads the whole "
+            "central directory again, an entry for every member, so each sample would cost as "
+            "much as the archive is long. Open it once (self.zip_file, from __init__) and ask it "
+            "for each member."
+        )
     compare_with_reference(dataset, ZipDataset(archive), "the archive")
     passed(f"{len(dataset)} samples read through the ZIP's central directory match the reference.")
+
+
+def _zip_opens(dataset, count):
+    """How many ``zipfile.ZipFile`` objects reading ``dataset``'s first ``count`` samples makes."""
+    import zipfile
+    from unittest import mock
+
+    opens, make = [], zipfile.ZipFile.__init__
+
+    def counted(self, *args, **kwargs):
+        opens.append(args[:1])
+        make(self, *args, **kwargs)
+
+    with mock.patch.object(zipfile.ZipFile, "__init__", counted):
+        for index in range(min(count, len(dataset))):
+            dataset[index]
+    return len(opens)
 
 
 def check_tar_index(tar_index, tar_path):
     """Lesson 2: ``tar_index(path)`` maps every member name to (data offset, size), read from the
     headers."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:  # members of sizes at the padding's edges
+        _check_tar_index_on(
+            tar_index, _padding_tar(folder), "a small tar of 0, 1, 512 and 1,000-byte members"
+        )
+    expected = _check_tar_index_on(tar_index, tar_path, tar_path)
+    passed(f"all {len(expected)} members indexed: any sample is now one seek and one read away.")
+
+
+def _padding_tar(folder):
+    """A tar whose members are 0, 1, 512 and 1,000 bytes long: where padding goes wrong."""
+    import io
+    import os
+    import tarfile
+
+    path = os.path.join(folder, "padding.tar")
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, size in [("empty", 0), ("one", 1), ("block", 512), ("thousand", 1000)]:
+            info = tarfile.TarInfo(f"{name}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(b"x" * size))  # not zeros: no end-of-archive look
+    return path
+
+
+def _check_tar_index_on(tar_index, tar_path, what):
+    """``tar_index(tar_path)`` against the reference, in words naming ``what``; the reference's
+    index."""
     from .. import tarindex
 
     with open(tar_path, "rb") as file:
@@ -476,7 +561,15 @@ def check_tar_index(tar_index, tar_path):
             name: tuple(place)
             for name, place in tarindex.index_members(file, str(tar_path)).items()
         }
-    got = tar_index(tar_path)
+    try:
+        got = tar_index(tar_path)
+    except ValueError as error:
+        raise CheckFailed(
+            f"on {what}, tar_index raised ValueError: {error}. Past the first header, that means "
+            "it read a header where there is data or padding: after each member's data, skip to "
+            "the next multiple of 512, 512 × ceil(size / 512) bytes (none after a member of 0 or "
+            "512 bytes)."
+        ) from None
     if not isinstance(got, dict):
         raise CheckFailed(
             f"tar_index should return a dict {{name: (offset, size)}}, got {type(got).__name__}."
@@ -497,7 +590,8 @@ def check_tar_index(tar_index, tar_path):
     missing = [name for name in expected if name not in got]
     if missing:
         raise CheckFailed(
-            f"{len(missing)} members are missing, e.g. {missing[0]!r}: keep walking header after "
+            f"on {what}, {len(missing)} members are missing, e.g. {missing[0]!r}: keep walking "
+            "header after "
             "header "
             "until the first all-zero block."
         )
@@ -520,10 +614,11 @@ def check_tar_index(tar_index, tar_path):
             )
         if got_offset != offset:
             raise CheckFailed(
-                f"{name!r}: data offset {got_offset}, expected {offset}. After each member's data, "
-                "skip its padding up to the next multiple of 512."
+                f"on {what}, {name!r}: data offset {got_offset}, expected {offset}. After each "
+                "member's data, skip its padding up to the next multiple of 512, 512 × "
+                "ceil(size / 512) bytes (none after a member of 0 or 512 bytes)."
             )
-    passed(f"all {len(expected)} members indexed: any sample is now one seek and one read away.")
+    return expected
 
 
 def check_samples_per_shard(samples_per_shard):
@@ -2321,8 +2416,10 @@ def check_per_process_handle(dataset_class, archive, manifest):
     if inherited:
         raise CheckFailed(
             "A forked worker got the main process's ZipFile back, still open: it would share the "
-            "file offset with every other worker. Whether a handle exists or is open does not "
-            "tell processes apart; compare os.getpid() with the pid that opened it."
+            "file offset with every other worker (a lock around each read would not help: each "
+            "process's buffered file keeps its own idea of that offset). Whether a handle exists "
+            "or is open does not tell processes apart; compare os.getpid() with the pid that "
+            "opened it."
         )
     if not kept:
         raise CheckFailed(
@@ -2402,6 +2499,7 @@ def check_worker_init_fn(worker_init_fn, archive, manifest):
 
 def _classes_named_by(blob):
     """``(module, name)`` of every global a pickle would import when loaded."""
+    import contextlib
     import io
     import pickle
 
@@ -2412,7 +2510,9 @@ def _classes_named_by(blob):
             names.append((module, name))
             return super().find_class(module, name)
 
-    Recorder(io.BytesIO(blob)).load()
+    # a recipe whose call fails: its names came before the call, and the recipe check says why
+    with contextlib.suppress(TypeError, ValueError):
+        Recorder(io.BytesIO(blob)).load()
     return names
 
 
@@ -2428,15 +2528,23 @@ def _check_recipe_keeps_arguments(cls, archive):
     import pickle
 
     built = cls(archive, transform=_unchanged, decoder="torchvision")
-    copy = pickle.loads(pickle.dumps(built))
+    order = "in ZipDataset's order (archive, transform, decoder)"
+    try:
+        copy = pickle.loads(pickle.dumps(built))
+    except (TypeError, ValueError) as error:  # e.g. the decoder where the transform goes
+        raise CheckFailed(
+            f"{cls.__name__}(archive, transform={_unchanged.__name__}, decoder='torchvision') "
+            f"could not be rebuilt from its pickle: {type(error).__name__}: {error}. The recipe "
+            f"must give the three arguments {order}."
+        ) from None
     for name in ("archive", "transform", "decoder"):
         got, expected = getattr(copy, name, None), getattr(built, name)
         if got != expected:
             raise CheckFailed(
                 f"{cls.__name__}(archive, transform={_unchanged.__name__}, "
                 f"decoder='torchvision') comes back from its pickle with {name}={got!r}, not "
-                f"{expected!r}: the recipe must rebuild the dataset with all three arguments, in "
-                "ZipDataset's order (archive, transform, decoder)."
+                f"{expected!r}: the recipe must rebuild the dataset with all three arguments, "
+                f"{order}."
             )
 
 

@@ -293,17 +293,18 @@ def _tiny_jpeg():
 
 def check_shard_task(task, shards):
     """``task(source, target)``: every sample once at ``target``, resized as ``resize_sample``
-    does; nothing written when ``target`` exists (returns 0); nothing at ``target`` nor left
-    anywhere when the shard fails part-way; no half shard at ``target`` when the task is killed
-    while it writes, and a whole one when it runs again."""
+    does; nothing written when ``target`` exists (returns 0); no half shard at ``target`` when the
+    task is killed while it writes, and a whole one when it runs again; nothing at ``target`` nor
+    left anywhere when the shard fails part-way. The kill comes before the failure: it names a
+    temporary file outside ``target``'s folder, the failure only that it was left behind."""
     with tempfile.TemporaryDirectory() as folder, _temporary_files_in(Path(folder) / "tmp"):
         folder = Path(folder)
         (folder / "out").mkdir()
         jobs = [(Path(shard), folder / "out" / Path(shard).name) for shard in shards]
         _check_outputs(task, jobs, folder)
         _check_skips(task, jobs)
-        _check_failure(task, folder)
         _check_kill(task, shards, folder)
+        _check_failure(task, folder)
     passed(
         f"{len(shards)} shards written whole, every sample once; a re-run writes nothing; a "
         "failed task leaves nothing behind, a killed one no half shard: safe to retry on any "

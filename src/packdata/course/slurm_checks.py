@@ -2,7 +2,8 @@
 starts, the ones ``torch.distributed`` reads (what torchrun would have set).
 
 The check plays every task of a job of two nodes with three tasks each, and when an answer is
-wrong, names the Slurm variable the learner's values follow instead of the right one.
+wrong, names the Slurm variable the learner's values follow instead of the right one. The values
+are strings, as the script puts them in ``os.environ`` before ``init_process_group``.
 """
 
 from collections.abc import Mapping
@@ -18,6 +19,15 @@ SOURCES = {
     "LOCAL_RANK": "SLURM_LOCALID",
     "LOCAL_WORLD_SIZE": "SLURM_NTASKS_PER_NODE",
     "GROUP_RANK": "SLURM_NODEID",
+}
+
+# Slurm variables that are no plain number: what each holds ({!r}: its value), what to read instead
+NOT_NUMBERS = {
+    "SLURMD_NODENAME": "the node's host name ({!r}), not its number; the node's number in the job "
+    "is SLURM_NODEID",
+    "SLURM_TASKS_PER_NODE": f"{{!r}} ({TASKS_PER_NODE} tasks on each of {NODES} nodes), not a "
+    "plain number; SLURM_NTASKS_PER_NODE is the plain count (set only with --ntasks-per-node, "
+    "as in this job)",
 }
 
 # the usual confusions: (torch's variable, the Slurm variable used) -> why that is wrong
@@ -85,17 +95,8 @@ def _answers(torch_env, tasks):
             f"{', '.join(tasks[0])}."
         ) from None
     except ValueError as error:
-        if tasks[0]["SLURMD_NODENAME"] in str(error):
-            raise CheckFailed(
-                f"torch_env raised ValueError ({error}): SLURMD_NODENAME is the node's host name "
-                f"({tasks[0]['SLURMD_NODENAME']!r}), not its number; the node's number in the job "
-                "is SLURM_NODEID."
-            ) from None
-        raise CheckFailed(
-            f"torch_env raised ValueError ({error}): not every Slurm variable is a plain number: "
-            f"SLURM_TASKS_PER_NODE is {tasks[0]['SLURM_TASKS_PER_NODE']!r} ({TASKS_PER_NODE} tasks "
-            f"on each of {NODES} nodes); SLURM_NTASKS_PER_NODE is the plain count."
-        ) from None
+        said = f"torch_env raised ValueError ({error}): not every Slurm variable is a number"
+        raise _not_a_number(said, error, tasks) from None
     if not all(isinstance(answer, Mapping) for answer in answers):
         raise CheckFailed(
             f"torch_env returned {answers[0]!r:.60}: return a dict with {', '.join(SOURCES)}."
@@ -103,7 +104,7 @@ def _answers(torch_env, tasks):
     return answers
 
 
-def _values(answers, name):
+def _values(answers, name, tasks):
     """The learner's ``name`` for every task, as integers."""
     try:
         return [int(answer[name]) for answer in answers]
@@ -111,7 +112,31 @@ def _values(answers, name):
         message = f"the answer has no {name!r}: return a dict with {', '.join(SOURCES)}"
         raise CheckFailed(message) from None
     except (TypeError, ValueError) as error:
-        raise CheckFailed(f"{name} must be a whole number (int or its digits): {error}") from None
+        said = f"{name} must be a whole number, in digits: {error}"
+        raise _not_a_number(said, error, tasks) from None
+
+
+def _not_a_number(said, error, tasks):
+    """CheckFailed that starts with ``said``; when ``error`` quotes a Slurm variable that is no
+    number, it says what that variable holds and which one to read instead."""
+    for task in tasks:
+        for variable, holds in NOT_NUMBERS.items():
+            if repr(task[variable]) in str(error):
+                return CheckFailed(f"{said}. {variable} is {holds.format(task[variable])}.")
+    return CheckFailed(f"{said}.")
+
+
+def _check_strings(answers):
+    """Every value is a string, which is all that ``os.environ`` takes."""
+    wrong = [(name, a[name]) for a in answers for name in SOURCES if not isinstance(a[name], str)]
+    if wrong:
+        name, value = wrong[0]
+        raise CheckFailed(
+            f"{name} is {value!r}, not a string: the script puts these values in os.environ, "
+            "which takes strings only (os.environ.update(torch_env(os.environ)) "
+            f"raises TypeError: str expected, not {type(value).__name__}). Return Slurm's "
+            "strings as they are, or str() of what you compute."
+        )
 
 
 def _followed(values, tasks):
@@ -124,13 +149,13 @@ def _followed(values, tasks):
 
 
 def check_torch_env(torch_env):
-    """``torch_env(slurm)`` maps one task's Slurm variables (a dict of strings) to a dict with
-    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK, for every task of a job of two
-    nodes with three tasks each."""
+    """``torch_env(slurm)`` maps one task's Slurm variables (a dict of strings) to a dict of
+    strings, ready for ``os.environ``, with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
+    GROUP_RANK, for every task of a job of two nodes with three tasks each."""
     tasks = slurm_tasks()
     answers = _answers(torch_env, tasks)
     for name, source in SOURCES.items():
-        got = _values(answers, name)
+        got = _values(answers, name, tasks)
         want = [int(task[source]) for task in tasks]
         if got == want:
             continue
@@ -140,8 +165,9 @@ def check_torch_env(torch_env):
         task = next(n for n, (a, b) in enumerate(zip(got, want)) if a != b)
         place = f"node {tasks[task]['SLURM_NODEID']}, task {tasks[task]['SLURM_LOCALID']} there"
         raise CheckFailed(f"{name} of the task on {place} should be {want[task]}, got {got[task]}.")
-    ranks = _values(answers, "RANK")
+    _check_strings(answers)
+    ranks = _values(answers, "RANK", tasks)
     passed(
         f"all {len(tasks)} tasks of {NODES} nodes get their torch variables: ranks {ranks}, "
-        f"local ranks {_values(answers, 'LOCAL_RANK')}."
+        f"local ranks {_values(answers, 'LOCAL_RANK', tasks)}."
     )
