@@ -89,11 +89,13 @@ def estimate(counts, exercises):
 
 def lesson_rows(root):
     """``(lesson path, counts, solution lines of each exercise, teaching minutes, exercise
-    minutes)`` for every lesson under ``root``, in order."""
+    minutes)`` for every lesson under ``root``, in order; whole minutes, so that the sums of
+    ``totals`` are the sums of the table's rows."""
     for lesson in sorted((root / "notebooks").glob("[0-9][0-9]_*.md")):
         counts = lesson_counts(lesson)
         exercises = solution_lines(root / "solutions" / lesson.name)
-        yield (lesson, counts, exercises, *estimate(counts, exercises))
+        minutes = (round(value) for value in estimate(counts, exercises))
+        yield (lesson, counts, exercises, *minutes)
 
 
 def markdown_table(rows):

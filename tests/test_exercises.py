@@ -849,7 +849,7 @@ def urls_for_an_hour(client, bucket, prefix, expires_s):
 
 
 def urls_signed_with_version_2(client, bucket, prefix, expires_s):
-    # a client made without a config: boto3 presigns us-east-1 URLs with version 2
+    # a client made without a config: boto3 presigns with version 2 in us-east-1
     client = boto3.client("s3", endpoint_url=client.meta.endpoint_url, **S3_CREDENTIALS)
     return urls_right(client, bucket, prefix, expires_s)
 

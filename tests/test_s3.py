@@ -102,7 +102,7 @@ def test_presigned_urls_are_signature_version_4_and_shard_dataset_reads_them(
         )
         for path in shard_paths
     ]
-    # boto3 left to itself presigns with version 2 in us-east-1, which new buckets refuse
+    # boto3 left to itself presigns with version 2 in the older regions, which new buckets refuse
     assert all("X-Amz-Algorithm=AWS4-HMAC-SHA256" in url for url in urls)
     keys = [key for key, _ in ShardDataset(urls, keys=("__key__", "cls"), decode=False)]
     assert sorted(keys) == sorted(

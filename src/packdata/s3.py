@@ -92,7 +92,8 @@ class S3Server:
 def client(endpoint_url=None):
     """A boto3 S3 client: at ``endpoint_url``, else wherever ``AWS_ENDPOINT_URL`` points, else
     Amazon S3. It signs with Signature Version 4, presigned URLs too: left to itself, boto3
-    presigns with version 2 in us-east-1, which buckets made since June 2020 refuse."""
+    presigns with version 2 in the older regions that still take it (us-east-1 among them),
+    which buckets made since June 2020 refuse."""
     import boto3
     from botocore.config import Config
 
