@@ -1875,9 +1875,8 @@ def _duplicates_explained(per_rank, expected):
             f"{twice} samples arrived on both ranks, and {missing} of {expected} never arrived: "
             "the ranks' parts overlap and leave gaps. Either the ranks or workers shuffled the "
             "shard list differently (a seed with the rank or worker in it, or none at all), or "
-            "the split's index is off: rank r's "
-            "worker w takes [r::world_size][w::num_workers], which is [r * num_workers + w :: "
-            "world_size * num_workers]."
+            "the split's index is off: rank r's worker w takes [r::world_size][w::num_workers], "
+            "or, dealt in one step, [r * num_workers + w :: world_size * num_workers]."
         )
     if missing:
         return (
