@@ -854,6 +854,16 @@ def urls_signed_with_version_2(client, bucket, prefix, expires_s):
     return urls_right(client, bucket, prefix, expires_s)
 
 
+def urls_signed_for_a_put(client, bucket, prefix, expires_s):
+    keys = [key for key in shard_keys(client, bucket, prefix) if key.endswith(".tar")]
+    return [
+        client.generate_presigned_url(
+            "put_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires_s
+        )
+        for key in keys
+    ]
+
+
 def urls_newest_first(client, bucket, prefix, expires_s):
     return urls_right(client, bucket, prefix, expires_s)[::-1]
 
@@ -888,6 +898,7 @@ URL_MISTAKES = {
     urls_unsigned: "carries no signature",
     urls_for_an_hour: r"expire after 3,600 s \(an hour: ExpiresIn's default\), not 86,400 s",
     urls_signed_with_version_2: "signed with Signature Version 2",
+    urls_signed_for_a_put: "is signed for a PUT, not a GET",
     urls_newest_first: "not in key order",
     urls_of_the_file_names: "sign each object's whole key",
     urls_asking_for_more_keys: "at most 1,000 keys",

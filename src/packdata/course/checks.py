@@ -1053,6 +1053,13 @@ def _same_shards(urls, client, bucket, prefix, expires_s, call):
             "version 4, boto3.client('s3', config=Config(signature_version='s3v4')) (Config from "
             "botocore.config), as s3.client() does."
         )
+    method = _signed_method(client, urls[0])
+    if method not in (None, "GET"):
+        raise CheckFailed(
+            f"{call}: {urls[0]:.100}… is signed for a {method}, not a GET: a real store refuses "
+            "it to a loader, which only reads (the loopback server here checks no signature). "
+            "Presign 'get_object'."
+        )
     shortest = round(min(lifetimes) / 10) * 10  # signed a moment ago: to the nearest 10 s
     if abs(shortest - expires_s) > 120:
         default = " (an hour: ExpiresIn's default)" if abs(shortest - 3600) <= 120 else ""
@@ -1062,6 +1069,36 @@ def _same_shards(urls, client, bucket, prefix, expires_s, call):
             "epoch: pass ExpiresIn=expires_s."
         )
     return urls
+
+
+def _signed_method(client, url):
+    """The HTTP method the version-4 presigned ``url`` was signed for, found by signing it again
+    with ``client``'s credentials at the URL's own time for each method; None when none matches
+    (or it is no version-4 URL)."""
+    import datetime
+    import urllib.parse
+    from unittest import mock
+
+    import botocore.auth
+    from botocore.awsrequest import AWSRequest
+
+    parts = urllib.parse.urlsplit(url)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    if not {"X-Amz-Date", "X-Amz-Expires", "X-Amz-Signature"} <= set(query):
+        return None
+    when = datetime.datetime.strptime(query["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
+    credentials = client._request_signer._credentials.get_frozen_credentials()
+    for method in ("GET", "PUT", "HEAD", "DELETE"):
+        request = AWSRequest(method=method, url=urllib.parse.urlunsplit(parts._replace(query="")))
+        signer = botocore.auth.S3SigV4QueryAuth(
+            credentials, "s3", client.meta.region_name, expires=int(query["X-Amz-Expires"])
+        )
+        with mock.patch.object(botocore.auth, "get_current_datetime", return_value=when):
+            signer.add_auth(request)
+        signed = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(request.url).query))
+        if signed.get("X-Amz-Signature") == query["X-Amz-Signature"]:
+            return method
+    return None
 
 
 def _get(url, call):
