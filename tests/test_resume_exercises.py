@@ -78,6 +78,23 @@ def mistake(name):
     return type(name, (Stream,), {name: True})
 
 
+class LazyPlace(Stream):
+    """Right, but its place is made on the first pass: a fresh one has no state to give."""
+
+    def __init__(self, shards):
+        self.shards, self.seen = list(shards), []
+
+    def __iter__(self):
+        if not hasattr(self, "shard"):
+            self.shard, self.taken = 0, 0
+        return super().__iter__()
+
+
+def test_a_stream_whose_place_is_made_on_the_first_pass_passes(shards, capsys):
+    check_resumable_stream(LazyPlace, shards)
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def test_the_answer_passes(shards, capsys):
     check_resumable_stream(Stream, shards)
     assert "resumed exactly" in capsys.readouterr().out

@@ -497,17 +497,18 @@ def check_zip_dataset(dataset, archive):
     opened = _zip_opens(dataset, 3)
     if opened:
         raise CheckFailed(
-            f"reading 3 samples opened the ZIP {opened} times: every opening reads the whole "
-            "central directory again, an entry for every member, so each sample would cost as "
-            "much as the archive is long. Open it once (self.zip_file, from __init__) and ask it "
-            "for each member."
+            f"after a first sample, reading 3 more opened the ZIP {opened} more time(s): every "
+            "opening reads the whole central directory again, an entry for every member, so each "
+            "sample would cost as much as the archive is long. Open it once (self.zip_file, from "
+            "__init__) and ask it for each member."
         )
     compare_with_reference(dataset, ZipDataset(archive), "the archive")
     passed(f"{len(dataset)} samples read through the ZIP's central directory match the reference.")
 
 
 def _zip_opens(dataset, count):
-    """How many ``zipfile.ZipFile`` objects reading ``dataset``'s first ``count`` samples makes."""
+    """How many ``zipfile.ZipFile`` objects reading ``count`` samples of ``dataset`` makes, after
+    a first one (which may open the archive lazily, once)."""
     import zipfile
     from unittest import mock
 
@@ -517,8 +518,9 @@ def _zip_opens(dataset, count):
         opens.append(args[:1])
         make(self, *args, **kwargs)
 
+    dataset[0]
     with mock.patch.object(zipfile.ZipFile, "__init__", counted):
-        for index in range(min(count, len(dataset))):
+        for index in range(1, min(count + 1, len(dataset))):
             dataset[index]
     return len(opens)
 
@@ -564,6 +566,11 @@ def _check_tar_index_on(tar_index, tar_path, what):
     try:
         got = tar_index(tar_path)
     except ValueError as error:
+        if "\\x00" in str(error):  # int(b"00000000012\0", 8): the field's NUL kept
+            raise CheckFailed(
+                f"on {what}, tar_index raised ValueError: {error}. The size field ends in a NUL "
+                "(or a space): strip b'\\0 ' before int(field, 8)."
+            ) from None
         raise CheckFailed(
             f"on {what}, tar_index raised ValueError: {error}. Past the first header, that means "
             "it read a header where there is data or padding: after each member's data, skip to "
@@ -1087,7 +1094,12 @@ def _signed_method(client, url):
     if not {"X-Amz-Date", "X-Amz-Expires", "X-Amz-Signature"} <= set(query):
         return None
     when = datetime.datetime.strptime(query["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
-    credentials = client._request_signer._credentials.get_frozen_credentials()
+    signer = getattr(client, "_request_signer", None)  # botocore's own: gone, say nothing
+    if getattr(signer, "_credentials", None) is None or not hasattr(
+        botocore.auth, "get_current_datetime"
+    ):
+        return None
+    credentials = signer._credentials.get_frozen_credentials()
     for method in ("GET", "PUT", "HEAD", "DELETE"):
         request = AWSRequest(method=method, url=urllib.parse.urlunsplit(parts._replace(query="")))
         signer = botocore.auth.S3SigV4QueryAuth(
@@ -2252,23 +2264,35 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
 
 
 def _shard_order(dataset):
-    """``(shard list, buffer size, seed)`` of a webdataset pipeline: the shards as the pipeline
-    was given them, and the first shuffle, the one that draws their order
-    (``WebDataset(shardshuffle=..., seed=...)`` puts it before the shards are opened; a buffer
-    size of 0 or False shuffles nothing). None when the pipeline has neither. A loader made anew
-    for each epoch, as here, starts that shuffle from its seed every time: with the same list and
-    the same seed, the same shard order."""
-    from webdataset import filters
+    """What decides a webdataset pipeline's shard order, from the stages before the one that opens
+    the shards: ``(shard list, its own seed, shuffle size, shuffle seed)``; None when the
+    pipeline is laid out otherwise. The shard list comes as given, reshuffled when
+    ``SimpleShardList`` has a seed; the shuffle is ``WebDataset(shardshuffle=..., seed=...)``'s
+    (a size of 0, False or none at all shuffles nothing; ``detshuffle`` seeds with its seed and
+    epoch). A loader made anew for each epoch, as here, starts all of them afresh: the same list,
+    seeds and epoch give the same shard order."""
+    from webdataset import cache, filters
 
     stages = getattr(dataset, "pipeline", [])
-    given = next((stage.urls for stage in stages if hasattr(stage, "urls")), None)
-    for stage in stages:
+    opens = [
+        isinstance(stage, (cache.StreamingOpen, cache.FileCache))
+        or getattr(getattr(stage, "f", None), "__name__", "") in ("tarfile_samples", "url_opener")
+        for stage in stages
+    ]
+    if True not in opens:
+        return None
+    before = stages[: opens.index(True)]
+    given = next((stage for stage in before if hasattr(stage, "urls")), None)
+    if given is None:
+        return None
+    size, seed = 0, None
+    for stage in before:
         if isinstance(stage, filters.detshuffle):
-            return given, stage.bufsize, stage.seed
-        if isinstance(stage, filters.FilterFunction) and stage.f is filters._shuffle:
+            size, seed = stage.bufsize, (stage.seed, stage.epoch)
+        elif isinstance(stage, filters.FilterFunction) and stage.f is filters._shuffle:
             size = (stage.args or (stage.kw.get("bufsize", 1000),))[0]
-            return given, size, stage.kw.get("seed")
-    return None
+            seed = stage.kw.get("seed")
+    return list(given.urls), getattr(given, "seed", None), size, seed
 
 
 def _stop(batches):
@@ -2328,17 +2352,18 @@ def check_webdataset_loader(make_loader, shards):
         if reason:
             raise CheckFailed(reason)
     orders = [per_rank[0][1] for per_rank in runs]  # rank 0's, epochs 0 and 1
-    same_list = None not in orders and orders[0][0] == orders[1][0]
-    if epochs[0] == epochs[1] or (same_list and not orders[0][1]):
+    # the same list, with the same seed of its own (or none), in both epochs
+    same_list = None not in orders and orders[0][:2] == orders[1][:2]
+    if epochs[0] == epochs[1] or (same_list and not orders[0][2]):
         raise CheckFailed(
             "the shards came in the same order in epochs 0 and 1: shuffle them "
             "(shardshuffle=len(shards); False or leaving it out keeps their order; a buffer of "
             "samples, .shuffle(n), mixes only neighbours) and seed that shuffle from the epoch (a "
             "new WebDataset per epoch, seed=epoch)."
         )
-    if same_list and orders[0][2] is not None and orders[0][2] == orders[1][2]:
+    if same_list and orders[0][3] is not None and orders[0][3] == orders[1][3]:
         raise CheckFailed(
-            f"the shard order repeats every epoch: the shard shuffle has seed={orders[0][2]!r} "
+            f"the shard order repeats every epoch: the shard shuffle is seeded {orders[0][3]!r} "
             "in epochs 0 and 1, so it draws the same order each time (a buffer of samples, "
             ".shuffle(n), mixes only neighbours, and so the samples' order changed). Seed the "
             "shard shuffle from the epoch: seed=epoch, or your own base seed plus the epoch."

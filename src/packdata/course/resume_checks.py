@@ -62,9 +62,18 @@ def _state_problem(state, n_samples, shards):
     return None
 
 
+def _fresh_state(stream_class, shards):
+    """The state of a stream not yet iterated; None when it has none to give then (its place is
+    set in ``__iter__``, say)."""
+    try:
+        return stream_class(shards).state_dict()
+    except Exception:  # any: it is the learner's code, and the other checks say what is wrong
+        return None
+
+
 def _unmoved(state, fresh, taken):
     """Why a state saved after ``taken`` samples is a ``fresh`` stream's; None when it is not."""
-    if state != fresh:
+    if fresh is None or state != fresh:
         return None
     return (
         f"the saved place {state!r} is a fresh stream's, though {taken} samples were handed out: "
@@ -141,7 +150,7 @@ def check_resumable_stream(stream_class, shards):
         before, state, after = _resumed(stream_class, shards, cut)
         problem = (
             _state_problem(state, len(whole), shards)
-            or _unmoved(state, stream_class(shards).state_dict(), len(before))
+            or _unmoved(state, _fresh_state(stream_class, shards), len(before))
             or _cut_problem(before, after, whole, shards)
         )
         if problem:
