@@ -1906,8 +1906,8 @@ def _duplicates_explained(per_rank, expected):
         return (
             f"within one rank, {max(within)} samples arrived twice, and {missing} of {expected} "
             "never arrived: the rank's workers shuffled the shard list differently (a seed from "
-            "get_worker_info().seed, or none at all). Shuffle it with the same seed and epoch in "
-            "every worker and rank, then split."
+            "get_worker_info().seed, or none at all), or their slices are off. Shuffle it with the "
+            "same seed and epoch in every worker and rank, then split: [worker::num_workers]."
         )
     if any(within):
         return (
