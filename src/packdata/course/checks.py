@@ -11,6 +11,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from typing import NamedTuple
 
 from .. import imagefolder
 
@@ -499,7 +500,7 @@ def check_zip_dataset(dataset, archive):
         raise CheckFailed(
             f"after a first sample, reading 3 more opened the ZIP {opened} more time(s): every "
             "opening reads the whole central directory again, an entry for every member, so each "
-            "sample would cost as much as the archive is long. Open it once (self.zip_file, from "
+            "sample would cost a read of the whole directory. Open it once (self.zip_file, from "
             "__init__) and ask it for each member."
         )
     compare_with_reference(dataset, ZipDataset(archive), "the archive")
@@ -512,17 +513,19 @@ def _zip_opens(dataset, count):
     import zipfile
     from unittest import mock
 
-    opens, make = [], zipfile.ZipFile.__init__
-
-    def counted(self, *args, **kwargs):
-        opens.append(args[:1])
-        make(self, *args, **kwargs)
-
     dataset[0]
-    with mock.patch.object(zipfile.ZipFile, "__init__", counted):
+    make = zipfile.ZipFile.__init__
+    with mock.patch.object(zipfile.ZipFile, "__init__", autospec=True, side_effect=make) as init:
         for index in range(1, min(count + 1, len(dataset))):
             dataset[index]
-    return len(opens)
+    return init.call_count
+
+
+# how a tar walk goes from a member's data to the next header
+PADDING_RULE = (
+    "after each member's data, skip to the next multiple of 512, 512 × ceil(size / 512) bytes "
+    "(none after a member of 0 or 512 bytes)"
+)
 
 
 def check_tar_index(tar_index, tar_path):
@@ -540,17 +543,14 @@ def check_tar_index(tar_index, tar_path):
 
 def _padding_tar(folder):
     """A tar whose members are 0, 1, 512 and 1,000 bytes long: where padding goes wrong."""
-    import io
-    import os
-    import tarfile
+    from pathlib import Path
 
-    path = os.path.join(folder, "padding.tar")
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, size in [("empty", 0), ("one", 1), ("block", 512), ("thousand", 1000)]:
-            info = tarfile.TarInfo(f"{name}.bin")
-            info.size = size
-            tar.addfile(info, io.BytesIO(b"x" * size))  # not zeros: no end-of-archive look
-    return path
+    from ..shardwrite import write_tar
+
+    sizes = {"empty": 0, "one": 1, "block": 512, "thousand": 1000}
+    # not zeros: a header read inside the data must not look like the end of the archive
+    members = [(name, {"bin": b"x" * size}) for name, size in sizes.items()]
+    return write_tar(Path(folder) / "padding.tar", members).path
 
 
 def _check_tar_index_on(tar_index, tar_path, what):
@@ -573,9 +573,7 @@ def _check_tar_index_on(tar_index, tar_path, what):
             ) from None
         raise CheckFailed(
             f"on {what}, tar_index raised ValueError: {error}. Past the first header, that means "
-            "it read a header where there is data or padding: after each member's data, skip to "
-            "the next multiple of 512, 512 × ceil(size / 512) bytes (none after a member of 0 or "
-            "512 bytes)."
+            f"it read a header where there is data or padding: {PADDING_RULE}."
         ) from None
     if not isinstance(got, dict):
         raise CheckFailed(
@@ -598,9 +596,7 @@ def _check_tar_index_on(tar_index, tar_path, what):
     if missing:
         raise CheckFailed(
             f"on {what}, {len(missing)} members are missing, e.g. {missing[0]!r}: keep walking "
-            "header after "
-            "header "
-            "until the first all-zero block."
+            "header after header until the first all-zero block."
         )
     for name, (offset, size) in expected.items():
         got_offset, got_size = got[name]
@@ -621,9 +617,7 @@ def _check_tar_index_on(tar_index, tar_path, what):
             )
         if got_offset != offset:
             raise CheckFailed(
-                f"on {what}, {name!r}: data offset {got_offset}, expected {offset}. After each "
-                "member's data, skip its padding up to the next multiple of 512, 512 × "
-                "ceil(size / 512) bytes (none after a member of 0 or 512 bytes)."
+                f"on {what}, {name!r}: data offset {got_offset}, expected {offset}: {PADDING_RULE}."
             )
     return expected
 
@@ -1099,14 +1093,16 @@ def _signed_method(client, url):
         botocore.auth, "get_current_datetime"
     ):
         return None
-    credentials = signer._credentials.get_frozen_credentials()
+    auth = botocore.auth.S3SigV4QueryAuth(
+        signer._credentials.get_frozen_credentials(),
+        "s3",
+        client.meta.region_name,
+        expires=int(query["X-Amz-Expires"]),
+    )
     for method in ("GET", "PUT", "HEAD", "DELETE"):
         request = AWSRequest(method=method, url=urllib.parse.urlunsplit(parts._replace(query="")))
-        signer = botocore.auth.S3SigV4QueryAuth(
-            credentials, "s3", client.meta.region_name, expires=int(query["X-Amz-Expires"])
-        )
         with mock.patch.object(botocore.auth, "get_current_datetime", return_value=when):
-            signer.add_auth(request)
+            auth.add_auth(request)
         signed = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(request.url).query))
         if signed.get("X-Amz-Signature") == query["X-Amz-Signature"]:
             return method
@@ -2263,9 +2259,17 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
         raise
 
 
+class _ShardOrder(NamedTuple):
+    """What decides a webdataset pipeline's shard order (``_shard_order``)."""
+
+    listed: tuple  # the shard list as given, and its own seed: (urls, seed)
+    size: int  # the shard shuffle's size: 0 (or False) shuffles nothing
+    seed: object  # the shard shuffle's seed (detshuffle's: seed and epoch)
+
+
 def _shard_order(dataset):
     """What decides a webdataset pipeline's shard order, from the stages before the one that opens
-    the shards: ``(shard list, its own seed, shuffle size, shuffle seed)``; None when the
+    the shards: a ``_ShardOrder``; None when the
     pipeline is laid out otherwise. The shard list comes as given, reshuffled when
     ``SimpleShardList`` has a seed; the shuffle is ``WebDataset(shardshuffle=..., seed=...)``'s
     (a size of 0, False or none at all shuffles nothing; ``detshuffle`` seeds with its seed and
@@ -2292,7 +2296,7 @@ def _shard_order(dataset):
         elif isinstance(stage, filters.FilterFunction) and stage.f is filters._shuffle:
             size = (stage.args or (stage.kw.get("bufsize", 1000),))[0]
             seed = stage.kw.get("seed")
-    return list(given.urls), getattr(given, "seed", None), size, seed
+    return _ShardOrder((list(given.urls), getattr(given, "seed", None)), size, seed)
 
 
 def _stop(batches):
@@ -2353,17 +2357,17 @@ def check_webdataset_loader(make_loader, shards):
             raise CheckFailed(reason)
     orders = [per_rank[0][1] for per_rank in runs]  # rank 0's, epochs 0 and 1
     # the same list, with the same seed of its own (or none), in both epochs
-    same_list = None not in orders and orders[0][:2] == orders[1][:2]
-    if epochs[0] == epochs[1] or (same_list and not orders[0][2]):
+    same_list = None not in orders and orders[0].listed == orders[1].listed
+    if epochs[0] == epochs[1] or (same_list and not orders[0].size):
         raise CheckFailed(
             "the shards came in the same order in epochs 0 and 1: shuffle them "
             "(shardshuffle=len(shards); False or leaving it out keeps their order; a buffer of "
             "samples, .shuffle(n), mixes only neighbours) and seed that shuffle from the epoch (a "
             "new WebDataset per epoch, seed=epoch)."
         )
-    if same_list and orders[0][3] is not None and orders[0][3] == orders[1][3]:
+    if same_list and orders[0].seed is not None and orders[0].seed == orders[1].seed:
         raise CheckFailed(
-            f"the shard order repeats every epoch: the shard shuffle is seeded {orders[0][3]!r} "
+            f"the shard order repeats every epoch: the shard shuffle is seeded {orders[0].seed!r} "
             "in epochs 0 and 1, so it draws the same order each time (a buffer of samples, "
             ".shuffle(n), mixes only neighbours, and so the samples' order changed). Seed the "
             "shard shuffle from the epoch: seed=epoch, or your own base seed plus the epoch."
