@@ -11,6 +11,9 @@ import urllib.request
 import pytest
 
 from packdata import imagefolder, s3, shardwrite, tarscan
+from packdata.datasets import IndexedTarDataset
+from packdata.httpclient import file_name, unsigned
+from packdata.shardcache import HIT, MISS, ShardCache
 from packdata.streaming import ShardDataset
 
 
@@ -108,6 +111,57 @@ def test_presigned_urls_are_signature_version_4_and_shard_dataset_reads_them(
     assert sorted(keys) == sorted(
         s["key"] for s in imagefolder.load_manifest(tiny_dataset)["samples"]
     )
+
+
+def test_shards_presigned_anew_are_the_same_shards_to_a_cache_and_to_a_saved_state(
+    server, shard_paths, tmp_path
+):
+    client = s3.client()
+    client.create_bucket(Bucket="resigned")
+    s3.upload_files(shard_paths[:2], "resigned")
+
+    def presigned(expires_s):
+        return [
+            client.generate_presigned_url(
+                "get_object", Params={"Bucket": "resigned", "Key": path.name}, ExpiresIn=expires_s
+            )
+            for path in shard_paths[:2]
+        ]
+
+    today, tomorrow = presigned(3600), presigned(7200)  # a job restarted with new URLs
+    assert today != tomorrow
+    cache = ShardCache(tmp_path / "cache", max_bytes=10**9)
+    outcomes = []
+    for url in today + tomorrow:
+        pin = cache.pin(url)
+        outcomes.append(pin.outcome)
+        pin.release()
+    assert outcomes == [MISS, MISS, HIT, HIT]
+    saved = ShardDataset(today, decode=False).state_dict()
+    ShardDataset(tomorrow, decode=False).load_state_dict(saved)  # refused if the names differ
+
+
+def test_only_the_signature_is_left_out_of_a_presigned_url():
+    signed = (
+        "http://127.0.0.1:9000/b/train-000001.tar?versionId=7&X-Amz-Algorithm=AWS4-HMAC-SHA256"
+        "&X-Amz-Credential=k%2F20261128%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Expires=3600"
+        "&X-Amz-SignedHeaders=host&X-Amz-Signature=ab12&X-Amz-Date=20261128T010000Z"
+    )
+    version_2 = "http://127.0.0.1:9000/b/train-000001.tar?AWSAccessKeyId=k&Signature=x&Expires=9"
+    assert unsigned(signed) == "http://127.0.0.1:9000/b/train-000001.tar?versionId=7"
+    assert unsigned(version_2) == "http://127.0.0.1:9000/b/train-000001.tar"
+    assert file_name(signed) == file_name(version_2) == "train-000001.tar"
+
+
+def test_range_reads_refuse_a_presigned_url_by_name(server, shard_paths):
+    client = s3.client()
+    client.create_bucket(Bucket="ranged")
+    s3.upload_files(shard_paths[:1], "ranged")
+    url = client.generate_presigned_url(
+        "get_object", Params={"Bucket": "ranged", "Key": shard_paths[0].name}
+    )
+    with pytest.raises(ValueError, match=f"{shard_paths[0].name}.*presigned.*s3fs"):
+        IndexedTarDataset(url)
 
 
 def test_the_pipe_command_streams_an_object(server, shard_paths, tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ import os
 import threading
 import urllib.parse
 from http import HTTPStatus
+from pathlib import PurePosixPath
 
 from .perprocess import PerProcessHandle
 
@@ -24,6 +25,31 @@ from .perprocess import PerProcessHandle
 def is_url(source):
     """True when ``source`` names something on an HTTP server rather than a local path."""
     return str(source).startswith("http://")
+
+
+def file_name(source):
+    """The file name of a local path or of a URL's path (a presigned URL's query left out)."""
+    source = str(source)
+    return PurePosixPath(urllib.parse.urlsplit(source).path if is_url(source) else source).name
+
+
+# query parameters that only sign a URL (S3's signature versions 4 and 2, Google Cloud Storage's):
+# the same object presigned again, for a later job, gets new ones
+SIGNING_PREFIXES = ("x-amz-", "x-goog-")
+SIGNING_PARAMETERS = frozenset({"awsaccesskeyid", "signature", "expires"})
+
+
+def unsigned(url):
+    """``url`` without the query parameters that sign it, so that one object presigned twice has
+    one name; the others (an S3 ``versionId``, say) stay, as they choose what is read."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(name, value) for name, value in query if not _signs(name.lower())]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
+
+
+def _signs(parameter):
+    return parameter.startswith(SIGNING_PREFIXES) or parameter in SIGNING_PARAMETERS
 
 
 # sending one twice does no more than once
@@ -171,6 +197,11 @@ class HttpRangeFile(io.RawIOBase):
 
     def __init__(self, url, read_ahead=64 * 1024, timeout=30.0):
         super().__init__()
+        if urllib.parse.urlsplit(url).query:
+            raise ValueError(
+                f"{url}: range reads here take a URL without a query, and a presigned URL's "
+                "signature would be lost; read the object through s3fs, or download it whole"
+            )
         base_url, _, quoted_relpath = url.rpartition("/")
         self.name = url
         self.client = HttpClient(base_url + "/", timeout)

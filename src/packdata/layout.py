@@ -8,13 +8,12 @@ shard writer (``shardwrite``) and every reader (``shardread``, ``streaming``, th
 ``datasets``) share these rules.
 """
 
-import urllib.parse
 from collections import Counter
 from pathlib import Path
 
 from braceexpand import braceexpand
 
-from .httpclient import is_url
+from .httpclient import file_name, is_url
 
 
 def split_member(name):
@@ -113,9 +112,7 @@ def local_targets(shards, folder):
     naming both."""
     targets = {}
     for shard in shards:
-        target = (
-            Path(folder) / Path(urllib.parse.urlsplit(shard).path if is_url(shard) else shard).name
-        )
+        target = Path(folder) / file_name(shard)
         if target in targets:
             raise ValueError(
                 f"{targets[target]} and {shard} would both become {target}: give the shards "

@@ -51,10 +51,11 @@ import hashlib
 from bisect import bisect_right
 from collections import defaultdict
 from itertools import accumulate, chain, count, islice, repeat
-from pathlib import PurePosixPath
 from typing import NamedTuple
 
 import numpy as np
+
+from .httpclient import file_name
 
 # --- what is left of one shard, and of an epoch ---------------------------------------------------
 
@@ -165,8 +166,9 @@ class Layout(NamedTuple):
 
 def fingerprint(shards, seed, shuffle, buffer_size, keys, equalize):
     """What must not change between a state and the dataset it is loaded into, in words. Shards
-    count by file name, so data served from another host or port (a restarted store) still fits."""
-    names = hashlib.sha1("\n".join(PurePosixPath(s).name for s in shards).encode()).hexdigest()
+    count by file name, so data served from another host or port (a restarted store), or through
+    URLs presigned anew, still fits."""
+    names = hashlib.sha1("\n".join(map(file_name, shards)).encode()).hexdigest()
     order = "shuffled" if shuffle else "in order"
     equal = ", equalized" if equalize else ""
     return (

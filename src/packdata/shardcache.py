@@ -24,12 +24,12 @@ to be trusted on network filesystems.
 import fcntl
 import hashlib
 import os
-import urllib.parse
 from collections import Counter
 from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 
 from .atomic import written_atomically
+from .httpclient import file_name, unsigned
 from .readahead import fetched_ahead
 from .shardread import fetch_shard, read_shard
 
@@ -38,10 +38,11 @@ LOOKUPS = (HIT, MISS, WAITED)  # one of these per shard asked for
 
 
 def cache_name(url):
-    """The file name a shard gets in the cache: its own name, after a short hash of the whole URL
-    (two stores may both have a ``train-000000.tar``)."""
-    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
-    name = Path(urllib.parse.urlsplit(url).path).name or "shard"
+    """The file name a shard gets in the cache: its own name, after a short hash of the URL (two
+    stores may both have a ``train-000000.tar``) without its signature, so that a shard presigned
+    anew, for the next job, is still the one in the cache."""
+    digest = hashlib.sha256(unsigned(url).encode()).hexdigest()[:12]
+    name = file_name(url) or "shard"
     return f"{digest}-{name}"
 
 
