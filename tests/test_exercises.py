@@ -1390,7 +1390,7 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_stage_or_stream", stage_or_stream_swapped, "the other way round"),
         ("check_stage_or_stream", stage_as_a_bool, "return the string 'stage'"),
         ("check_stage_or_stream", stage_on_a_tie, "on a tie, stream"),
-        ("check_stage_or_stream", stage_with_the_copy_as_an_epoch, "the copy is not an epoch"),
+        ("check_stage_or_stream", stage_with_the_copy_as_an_epoch, "does not stand in for an epoch"),
         ("check_stage_or_stream", stage_past_the_break_even, "staging never pays back"),
         ("check_stage_or_stream", stream_when_it_just_fits, "exactly as big as the free space"),
         (

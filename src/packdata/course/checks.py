@@ -733,8 +733,9 @@ def check_stage_or_stream(stage_or_stream):
             lambda c, r, loc, e, scratch, size: _stage_or_stream(c, r, loc, 1, scratch, size),
         ),
         (
-            "the copy is not an epoch: it reads the data once, and then every epoch reads it "
-            "from the disk. Compare copy + epochs × local against epochs × remote.",
+            "the copy does not stand in for an epoch: the job copies first, then reads every "
+            "one of its epochs from the disk (an epoch trained during the copy would read "
+            "remotely: that is streaming). Compare copy + epochs × local against epochs × remote.",
             lambda c, r, loc, e, scratch, size: _stage_or_stream(c - loc, r, loc, e, scratch, size),
         ),
         (
