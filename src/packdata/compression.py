@@ -27,8 +27,10 @@ class CompressionError(ValueError):
     """A shard compressed in a way that cannot be read here, or a damaged compressed stream."""
 
 
-# bytes 257 to 262 of a tar header: "ustar" then a NUL (POSIX) or a space (GNU)
-TAR_MAGICS = (b"ustar\x00", b"ustar ")
+# bytes 257 to 262 of a tar header: "ustar" then a NUL (POSIX ustar) or a space (GNU tar writes
+# "ustar  \x00", and has no name prefix field)
+USTAR_MAGIC, GNU_MAGIC = b"ustar\x00", b"ustar "
+TAR_MAGICS = (USTAR_MAGIC, GNU_MAGIC)
 
 
 def is_tar(data):

@@ -17,11 +17,10 @@ import tarfile
 import warnings
 from dataclasses import dataclass, replace
 
-from .compression import compression_of
+from .compression import USTAR_MAGIC, compression_of
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
-USTAR_MAGIC = b"ustar\x00"  # POSIX ustar; GNU tar writes "ustar  \x00" and has no name prefix field
 REGULAR_TYPES = ("0", "\x00", "7")
 LINK_TYPES = ("1", "2")  # hard link, symbolic link: read as the earlier member they name
 SPARSE_TYPE = "S"  # a GNU sparse file (pax archives mark one with GNU.sparse.* records instead)

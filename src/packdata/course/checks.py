@@ -27,9 +27,12 @@ def passed(message):
 # relative tolerance of the checks whose answer is a real number (float rounding, nothing more)
 RELATIVE_TOLERANCE = 1e-6
 # what pickle says of an open file or a lock: "cannot pickle '_io.BufferedReader' object" up to
-# Python 3.11, "cannot pickle 'BufferedReader' instances" from 3.12; "'_thread.RLock' object"
+# Python 3.11, "cannot pickle 'BufferedReader' instances" from 3.12; "'_thread.RLock' object";
+# and of the other handles a dataset may hold: a mapping, a socket, a per-thread store, SQLite
 UNPICKLABLE_HANDLE = re.compile(
-    r"cannot pickle '(_io\.|_thread\.)?(Buffered\w+|TextIOWrapper|FileIO|\w*lock)'", re.IGNORECASE
+    r"cannot pickle '(_io\.|_thread\.|mmap\.|sqlite3\.)?"
+    r"(Buffered\w+|TextIOWrapper|FileIO|\w*lock|mmap|socket|_local|Connection)'",
+    re.IGNORECASE,
 )
 
 
@@ -2629,7 +2632,8 @@ def check_spawn_ready(dataset, manifest):
             raise CheckFailed(
                 f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. A spawned worker "
                 "receives the "
-                "dataset pickled, and an open ZipFile (its file, its lock) cannot be pickled. "
+                "dataset pickled, and an open handle (a ZipFile's file and lock, a mapping, a "
+                "socket) cannot be pickled. "
                 "Pickle a recipe "
                 "instead: __reduce__ returns a class and the arguments to build the dataset again, "
                 "e.g. the archive "
