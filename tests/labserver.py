@@ -4,7 +4,6 @@ state."""
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,7 @@ from contextlib import contextmanager
 import pytest
 
 from packdata.course.hub import write_lab_settings
-
-
-def free_port():
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from packdata.ports import free_port
 
 
 @contextmanager

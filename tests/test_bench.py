@@ -10,7 +10,6 @@ from packdata.bench import (
     epoch_rate,
     read_and_decode_us,
     results_table,
-    too_short_to_judge,
 )
 from packdata.datasets import FolderDataset
 
@@ -150,14 +149,6 @@ def test_tables_show_every_result():
     page = results_table(results)._repr_html_()
     assert page.count("<tr>") == 3 and "plain &lt;a&gt;" in page
     assert "plain <a>" in repr(results[0]) and "<table>" in results[0]._repr_html_()
-
-
-def test_short_epochs_are_too_short_to_judge():
-    long, short = (
-        BenchResult("r", 8, 0, 2, 16, epoch_seconds=[seconds, 1.0]) for seconds in (0.9, 0.05)
-    )
-    assert too_short_to_judge([long]) is None
-    assert "an epoch took 50 ms, under 0.1 s" in too_short_to_judge([long, short])
 
 
 def test_at_least_one_epoch_is_asked_for(tiny_dataset):

@@ -3,6 +3,7 @@ whole or not at all, and a run again after a crash maps only what is missing."""
 
 import io
 import multiprocessing
+import tarfile
 
 import pytest
 from PIL import Image
@@ -49,7 +50,21 @@ def test_resize_shard_leaves_nothing_under_the_target_name_when_it_fails(tmp_pat
     write_tar(raw, [("000000", {"npy": b"\x93NUMPY", "cls": b"1"})])
     with pytest.raises(ValueError, match="holds decoded pixels"):
         resize_shard((raw, tmp_path / "out.tar"))
-    assert not (tmp_path / "out.tar").exists()
+    assert list(tmp_path.iterdir()) == [raw]  # neither the shard nor its temporary file
+
+
+def test_resize_shard_writes_the_same_bytes_every_run(shards, tmp_path):
+    first, second = (resize_shard((shards[0], tmp_path / name))[0] for name in ("a.tar", "b.tar"))
+    assert first.read_bytes() == second.read_bytes()
+    with tarfile.open(first) as tar:  # not the clock's time, which would differ a second later
+        assert {member.mtime for member in tar} == {0}
+
+
+def test_resize_sample_keeps_the_aspect_ratio(tmp_path):
+    wide = io.BytesIO()
+    Image.new("RGB", (64, 40), "navy").save(wide, format="JPEG")
+    resized = resize_sample({"__key__": "w", "jpg": wide.getvalue(), "cls": b"3"}, size=32)
+    assert image_size(resized) == (51, 32) and resized["cls"] == b"3"
 
 
 def test_map_shards_keeps_outputs_already_there_and_maps_only_the_missing(shards, tmp_path):

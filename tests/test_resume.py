@@ -123,6 +123,27 @@ def test_a_state_of_another_dataset_or_layout_is_refused(urls):
         data.load_state_dict({"epoch": 0})
 
 
+def test_shards_rewritten_since_the_state_are_named_when_the_buffer_is_replayed(tmp_path):
+    urls = write_shards(tmp_path / "shards")
+    data = dataset(urls)
+    samples = data.iterate()
+    for _ in range(8):  # the buffer now holds samples of the first shards
+        next(samples)
+    state = data.state_dict()
+    for url in urls:  # each shard rewritten with its first sample only, under the same name
+        with tarfile.open(url) as tar:
+            first = tar.getmembers()[0]
+            payload = tar.extractfile(first).read()
+        with tarfile.open(url, "w", format=tarfile.USTAR_FORMAT) as tar:
+            tar.addfile(first, io.BytesIO(payload))
+    resumed = dataset(urls)
+    resumed.load_state_dict(state)
+    with pytest.raises(
+        ValueError, match=r"no longer in their shards \(.*tiny-\d\d\.tar.*rewritten"
+    ):
+        list(resumed.iterate())
+
+
 def test_the_rest_of_an_epoch_needs_every_worker_of_every_rank(urls):
     states = [dataset(urls, rank=rank, world_size=2).state_dict() for rank in range(2)]
     with pytest.raises(ValueError, match="every worker of every rank.*rank 1 of 2, worker 0 of 1"):

@@ -49,6 +49,17 @@ def test_every_sample_once_with_its_label_in_shards_of_at_most_maxcount(
     assert [key for key, _ in samples] != sorted(expected)  # shuffled
 
 
+def test_a_work_dir_keeps_what_it_held_and_gets_nothing_left_behind(tiny_dataset, tmp_path):
+    scratch = tmp_path / "scratch"  # a shared scratch folder, with someone's files in it
+    (scratch / "theirs").mkdir(parents=True)
+    (scratch / "theirs" / "notes.txt").write_text("keep me")
+    two_pass_shuffle(
+        folder_sources(tiny_dataset, per_task=25), tmp_path / "out", buckets=2, work_dir=scratch
+    )
+    assert [p.name for p in scratch.iterdir()] == ["theirs"]
+    assert (scratch / "theirs" / "notes.txt").read_text() == "keep me"
+
+
 def test_the_same_seed_gives_the_same_order_in_process_and_in_a_pool(tiny_dataset, tmp_path):
     sources = folder_sources(tiny_dataset, per_task=20)
     here = written(two_pass_shuffle(sources, tmp_path / "a", buckets=3, maxcount=10, seed=7))

@@ -10,6 +10,7 @@ Bytes and processes
 - ``readahead``   — the next shards fetched by a background thread while this one is read
 - ``engines``     — an executor on this machine's processes or on a Dask cluster, one interface
 - ``torchrunenv`` — one rank's torchrun variables for a block: this process and its new workers
+- ``ports``       — a free TCP port on loopback
 - ``childserver`` — a server in a process of its own, started by a command, stopped by a line
 - ``httpclient``  — keep-alive HTTP client, a seekable file over Range GETs, file versions (ETags)
 - ``images``      — JPEG encode, decode with PIL or torchvision, raw ``.npy`` pixels, payloads

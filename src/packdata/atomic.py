@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def _hidden(name):
+def temporary_prefix(name):
     """The prefix of a temporary name beside ``name``: hidden, and short enough for any file name
     (a name may have 255 bytes, and mkstemp adds 8 characters)."""
     return f".{name.encode()[:200].decode(errors='ignore')}.partial-"
@@ -31,7 +31,7 @@ def written_atomically(path):
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=_hidden(path.name), dir=path.parent)
+    handle, temporary = tempfile.mkstemp(prefix=temporary_prefix(path.name), dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as file:
             yield file
@@ -55,7 +55,7 @@ def replaced_folder(target):
         raise FileExistsError(f"{target} exists and is not a folder")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=_hidden(target.name), dir=target.parent))
+        staging = Path(tempfile.mkdtemp(prefix=temporary_prefix(target.name), dir=target.parent))
     except PermissionError as err:
         raise PermissionError(f"cannot write to {target}: {err.strerror}") from err
     try:

@@ -29,9 +29,6 @@ COLUMNS = (
 )
 
 
-JUDGE_SECONDS = 0.1  # epochs shorter than this measure the machine's hiccups as much as the loader
-
-
 class SampleCountError(RuntimeError):
     """The loader delivered a different number of samples than the dataset's length promised."""
 
@@ -126,19 +123,6 @@ def _cell(value, spec):
 def results_table(results):
     """A ``ResultsTable`` of ``results`` for side-by-side comparison."""
     return ResultsTable(results)
-
-
-def too_short_to_judge(results, at_least=JUDGE_SECONDS):
-    """Why ``results`` cannot be compared, when an epoch of any of them took under ``at_least``
-    seconds (then a stray process or a page-cache hiccup decides the ratio), else None. Lessons put
-    it before their verdicts."""
-    shortest = min(min(result.epoch_seconds) for result in results)
-    if shortest >= at_least:
-        return None
-    return (
-        f"too short to judge: an epoch took {shortest * 1e3:.0f} ms, under {at_least:g} s; "
-        "the workshop dataset (PACKDATA_SIZE=workshop) runs long enough"
-    )
 
 
 def count_samples(batch):

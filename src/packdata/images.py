@@ -105,6 +105,16 @@ def encode_payload(jpeg, payload="jpeg", resize=None):
     return buffer.getvalue()
 
 
+def shrink_jpeg(jpeg, short_side):
+    """The JPEG resized so that its shorter side is ``short_side`` pixels, its aspect ratio kept
+    (as ``torchvision``'s ``Resize(short_side)`` does), re-encoded at the dataset's JPEG quality."""
+    with Image.open(io.BytesIO(jpeg)) as image:
+        image = image.convert("RGB")
+    scale = short_side / min(image.size)
+    width, height = (max(1, round(side * scale)) for side in image.size)
+    return encode_jpeg(image.resize((width, height), RESIZE_FILTER))
+
+
 # --- decoding -------------------------------------------------------------------------------------
 
 

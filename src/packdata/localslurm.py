@@ -27,6 +27,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from .ports import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "sinfo")
 DEFAULT_FOLDER = Path("build") / "slurm"
@@ -92,13 +94,6 @@ def how_to_install(missing):
         "On Debian or Ubuntu, as root: `apt-get install slurm-wlm munge`;\n"
         "on a hub, ask its admin. Then rerun this cell."
     )
-
-
-def free_port():
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def last_lines(path, count=12):

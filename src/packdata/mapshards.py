@@ -23,17 +23,17 @@ from pathlib import Path
 import webdataset as wds
 
 from . import engines
-from .atomic import _hidden as hidden_prefix
-from .images import ENCODED_IMAGES, encode_payload
+from .atomic import temporary_prefix
+from .images import ENCODED_IMAGES, shrink_jpeg
 from .layout import expand_shards, local_targets, members_of
 from .shardread import count_shard_samples, iter_shard_samples
 from .shardwrite import write_tar
 
 
 def resize_sample(sample, size=32):
-    """A sample with its image resized to ``size``×``size`` and re-encoded as JPEG; other members
-    unchanged. Decoded pixels (an ``.npy`` member) raise ``ValueError``: resize those before they
-    are packed."""
+    """A sample with its image resized to ``size`` pixels on its shorter side (the aspect ratio
+    kept) and re-encoded as JPEG; other members unchanged. Decoded pixels (an ``.npy`` member)
+    raise ``ValueError``: resize those before they are packed."""
     if "npy" in sample:
         raise ValueError(
             f"{sample.get('__url__', 'a shard')}: sample {sample.get('__key__')!r} holds decoded "
@@ -44,7 +44,7 @@ def resize_sample(sample, size=32):
     for extension in ENCODED_IMAGES:
         if extension in members:
             members.pop(extension)
-            members["jpg"] = encode_payload(sample[extension], "jpeg", size)
+            members["jpg"] = shrink_jpeg(sample[extension], size)
     return members
 
 
@@ -75,16 +75,20 @@ def shell_sample(sample, command):
 
 
 def resize_shard(job, size=32):
-    """One task of a map over shards, in webdataset alone: resize every sample of the
-    shard ``source`` into the shard ``target``; ``job`` is ``(source, target)``.
+    """One task of a map over shards, in webdataset alone: the samples of the shard
+    ``source``, resized, into the shard ``target``, where ``job = (source, target)``.
     Returns ``(target, samples written)``."""
     source, target = job
     temporary = f"{target}.partial"  # renamed when whole: never half a shard at target
     samples = 0
-    with wds.TarWriter(temporary) as sink:
-        for sample in wds.WebDataset(str(source), shardshuffle=False):
-            sink.write({"__key__": sample["__key__"], **resize_sample(sample, size)})
-            samples += 1
+    try:
+        with wds.TarWriter(temporary, mtime=0) as sink:  # mtime: the same bytes every run
+            for sample in wds.WebDataset(str(source), shardshuffle=False):
+                sink.write({"__key__": sample["__key__"], **resize_sample(sample, size)})
+                samples += 1
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)  # a failed task leaves nothing behind
+        raise
     os.replace(temporary, target)  # a rename is atomic within one file system
     return target, samples
 
@@ -167,6 +171,6 @@ def _counted(results, total, progress):
 def _remove_leftovers(targets):
     """Remove the hidden temporary files that killed tasks left beside ``targets``."""
     for target in targets:
-        prefix = hidden_prefix(target.name)
+        prefix = temporary_prefix(target.name)
         for leftover in target.parent.glob(f"{glob.escape(prefix)}*"):
             leftover.unlink(missing_ok=True)

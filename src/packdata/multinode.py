@@ -19,7 +19,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .localslurm import free_port
+from .ports import free_port
 
 
 @dataclass(frozen=True)

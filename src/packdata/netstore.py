@@ -439,10 +439,11 @@ def is_file(path):
 
 
 class NetworkStore(ServedFolder):
-    """Serve ``root`` over HTTP on 127.0.0.1 from a background thread, with per-request ``latency``
-    (s) and an optional ``bandwidth`` cap (bytes/s) per connection: each response is paced on its
-    own, so parallel downloads do not share the cap, and N at once move up to N × ``bandwidth``.
-    Counts ``requests`` and ``bytes_served``."""
+    """Serve ``root`` over HTTP on 127.0.0.1 from a process of its own (``process=False``: a
+    thread of this one; ``ServedFolder`` says when), with per-request ``latency`` (s) and an
+    optional ``bandwidth`` cap (bytes/s) per connection: each response is paced on its own, so
+    parallel downloads do not share the cap, and N at once move up to N × ``bandwidth``. Counts
+    ``requests`` and ``bytes_served``."""
 
     handler = _Handler
 

@@ -50,6 +50,7 @@ is what a training job restarted from that checkpoint needs.
 import hashlib
 from bisect import bisect_right
 from collections import defaultdict
+from functools import partial
 from itertools import accumulate, chain, count, islice, repeat
 from typing import NamedTuple
 
@@ -267,20 +268,22 @@ def _same_epoch(progress, epoch):
 # --- the stream, continued ------------------------------------------------------------------------
 
 
-def continued(progress, epoch, samples, quota, shuffled, read_again):
+def continued(progress, epoch, samples, quota, shuffled, read_again, names):
     """The samples a worker hands on in ``epoch`` from where ``progress`` stands, counted in
     ``yielded``. A progress from another epoch is refused when the first sample is asked for (a
     ``StatefulDataLoader`` loading a state saved at an epoch's end makes an iterator it never uses).
 
     ``samples``: what it takes in next (``read`` already counts them); ``quota``: how many it takes
     in all epoch (None: all); ``shuffled``: its buffer stage; ``read_again(index)``: the samples
-    left of its shard ``index``, read again."""
+    left of its shard ``index``, read again; ``names``: its shards' names, for errors."""
     _same_epoch(progress, epoch)
     consumed = sum(progress.read)
     if quota is not None:
         samples = islice(samples, max(quota - consumed, 0))
     if consumed:
-        out = _replayed(progress, consumed, samples, shuffled, read_again)
+        out = _replayed(
+            progress, consumed, samples, shuffled, partial(_read_held, read_again, names)
+        )
     else:  # a fresh start: nothing to replay, the samples need no positions
         out = shuffled(samples)
     for sample in out:
@@ -289,11 +292,12 @@ def continued(progress, epoch, samples, quota, shuffled, read_again):
     progress.done = True
 
 
-def _replayed(progress, consumed, samples, shuffled, read_again):
+def _replayed(progress, consumed, samples, shuffled, read_held):
     """The buffer's output after the ``progress.yielded`` samples it had handed on: the buffer is
-    replayed on the positions of the samples taken in, those it held are read again."""
+    replayed on the positions of the samples taken in, those it held are read again
+    (``read_held``)."""
     out = shuffled(chain(zip(range(consumed), repeat(None)), zip(count(consumed), samples)))
-    found = _read_held(still_held(out, progress.yielded, consumed), progress.read, read_again)
+    found = read_held(still_held(out, progress.yielded, consumed), progress.read)
     return (found.pop(position) if sample is None else sample for position, sample in out)
 
 
@@ -327,17 +331,21 @@ def places(positions, read):
     return found
 
 
-def _read_held(positions, read, read_again):
+def _read_held(read_again, names, positions, read):
     """``{position: sample}`` for the samples the buffer held, read again from their shards."""
-    found = {}
+    found, short = {}, []
     for index, wanted in places(positions, read).items():
+        before = len(found)
         for place, sample in enumerate(islice(read_again(index), max(wanted) + 1)):
             if place in wanted:
                 found[wanted[place]] = sample
-    if len(found) != len(positions):
+        if len(found) - before != len(wanted):
+            short.append(names[index])
+    if short:
         raise ValueError(
             f"{len(positions) - len(found)} of the samples the buffer held are no longer in their "
-            "shards: were the shards rewritten since the state was saved?"
+            f"shards ({', '.join(map(str, short))}): were the shards rewritten since the state "
+            "was saved?"
         )
     return found
 

@@ -240,11 +240,11 @@ def different_size(shard, sample_key, shape, first):
     )
 
 
-def batched(items, batch_size, collate=default_collate):
+def batched(items, batch_size):
     """Collate every ``batch_size`` items into a batch; the last may be smaller."""
     items = iter(items)
     while batch := list(islice(items, batch_size)):
-        yield collate(batch)
+        yield default_collate(batch)
 
 
 # --- counting, skipping, equalising ---------------------------------------------------------------
@@ -515,6 +515,7 @@ class ShardDataset(IterableDataset):
             quota,
             partial(self.shuffled, epoch=progress.epoch, rest=progress.rest, layout=layout),
             lambda index: left_tuples(*shards[index], keys, quiet, self._read_again()),
+            [shard for shard, _ in shards],
         )
         if reads is not None:
             samples = closing(samples, reads)

@@ -94,7 +94,9 @@ def parse_header(block, archive="<tar>", offset=0):
     ``offset``.
     """
     if len(block) != BLOCK:
-        raise ValueError(f"a tar header is {BLOCK} bytes, got {len(block)}")
+        raise ValueError(
+            f"{archive}: a tar header is {BLOCK} bytes, got {len(block)} at offset {offset}"
+        )
     if block == ZERO_BLOCK:
         return None
     # the checksum field itself counts as spaces
@@ -363,7 +365,7 @@ def _walk(fileobj, name, keep_data):
 
 
 FIXED_MTIME = 1_577_836_800  # 2020-01-01 00:00:00 UTC, on every member of every archive
-END_OF_TAR = bytes(2 * tarfile.BLOCKSIZE)
+END_OF_TAR = 2 * ZERO_BLOCK  # two zero blocks end an archive
 
 
 def tar_member(name, data):
@@ -371,5 +373,5 @@ def tar_member(name, data):
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o644, FIXED_MTIME
     info.uid, info.gid, info.uname, info.gname = 0, 0, "", ""
-    padding = bytes(-len(data) % tarfile.BLOCKSIZE)
+    padding = bytes(-len(data) % BLOCK)
     return info.tobuf(tarfile.USTAR_FORMAT) + data + padding

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from ..ports import free_port
 from .hub import write_lab_settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -52,13 +52,6 @@ class Hub:
     def log_tail(self, lines=40):
         """The last ``lines`` lines of the hub's log (the proxy's and the servers' included)."""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def free_port():
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def proxy_command(npm_prefix=None):
