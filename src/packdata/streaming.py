@@ -500,8 +500,7 @@ class ShardDataset(IterableDataset):
         """The pipeline ``__iter__`` runs in worker ``worker`` of ``num_workers``, or resumes."""
         layout = Layout(self.rank, self.world_size, worker, num_workers)
         report = Skips(f"rank {self.rank} worker {worker}") if self.errors == "skip" else raise_now
-        provenance = ("__url__", "__key__") if self.decode else ()  # for decode's error messages
-        keys = provenance + self.keys
+        keys = ("__url__", "__key__") + self.keys if self.decode else self.keys  # decode's errors
         loaded, self._loaded = self._loaded, None  # used once
         progress = self._progress = starting(loaded, self.epoch, layout)
         part, quota = self.part(progress.epoch, progress.rest, layout)
