@@ -11,6 +11,7 @@ leaves the old set as it was. A sample never straddles two shards. Members use `
 conventions: ustar headers with fixed owner and time.
 """
 
+import glob
 import os
 import shutil
 import tempfile
@@ -30,6 +31,15 @@ from .shardread import iter_shard_samples
 from .tario import END_OF_TAR, tar_member
 
 SHARD_NAME = "{prefix}-{index:06d}.tar"
+SHARD_GLOB = "{prefix}-[0-9][0-9][0-9][0-9][0-9][0-9].tar"  # every name SHARD_NAME gives
+
+
+def remove_stale_shards(out_dir, prefix, kept):
+    """Remove the shards of ``prefix`` in ``out_dir`` that are not among the paths ``kept``: an
+    older, longer set's tail, once a new set is in place."""
+    for stale in Path(out_dir).glob(SHARD_GLOB.format(prefix=glob.escape(prefix))):
+        if stale not in kept:
+            stale.unlink()
 
 
 @dataclass(frozen=True)
@@ -125,10 +135,7 @@ class ShardWriter:
         for info in self.shards:
             os.replace(self._staging / info.path.name, info.path)
         self._staging.rmdir()
-        written = {info.path for info in self.shards}
-        for stale in self.out_dir.glob(f"{self.prefix}-[0-9][0-9][0-9][0-9][0-9][0-9].tar"):
-            if stale not in written:
-                stale.unlink()
+        remove_stale_shards(self.out_dir, self.prefix, {info.path for info in self.shards})
         return self.shards
 
     def _abort(self):
@@ -224,16 +231,16 @@ def write_tar(path, samples):
 def cat_shards(shards, output):
     """Concatenate shards into one tar at ``output`` (written atomically); a key in two shards is
     refused."""
-    return write_tar(output, _with_unique_keys(iter_shard_samples(shards)))
+    return write_tar(output, with_unique_keys(iter_shard_samples(shards)))
 
 
-def _with_unique_keys(samples):
-    """``(key, members)`` of each sample; a key seen before raises ``ValueError`` naming both
-    shards."""
+def with_unique_keys(samples, origin=None):
+    """``(key, members)`` of each sample; a key seen before raises ``ValueError`` naming where
+    both came from: ``origin(sample)``, by default its shard (``__url__``)."""
     seen = {}
     for sample in samples:
-        key = sample["__key__"]
+        key, where = sample["__key__"], origin(sample) if origin else sample["__url__"]
         if key in seen:
-            raise ValueError(f"duplicate key {key!r}: in {seen[key]} and in {sample['__url__']}")
-        seen[key] = sample["__url__"]
+            raise ValueError(f"duplicate key {key!r}: in {seen[key]} and in {where}")
+        seen[key] = where
         yield key, members_of(sample)

@@ -38,7 +38,14 @@ from .atomic import written_atomically
 from .layout import members_of
 from .samples import FolderSamples
 from .shardread import iter_shard_samples
-from .shardwrite import SHARD_NAME, ShardInfo, sample_bytes, write_tar
+from .shardwrite import (
+    SHARD_NAME,
+    ShardInfo,
+    remove_stale_shards,
+    sample_bytes,
+    with_unique_keys,
+    write_tar,
+)
 from .tario import END_OF_TAR
 
 PIECE = "t{task:06d}.tar"  # one scatter task's piece of a bucket
@@ -181,16 +188,10 @@ def load_bucket(task):
     """The samples of one bucket, ``(key, members)``, its pieces read in task order; a key that
     comes twice (it always lands in the same bucket) raises ``ValueError`` naming both inputs."""
     folder = Path(task.work) / BUCKET.format(bucket=task.bucket)
-    samples, seen = [], {}
-    for piece in sorted(folder.glob("t*.tar")):
-        source = task.sources[int(piece.stem[1:])]
-        for sample in iter_shard_samples([str(piece)]):
-            key = sample["__key__"]
-            if key in seen:
-                raise ValueError(f"duplicate key {key!r}: in {seen[key]} and in {source}")
-            seen[key] = source
-            samples.append((key, members_of(sample)))
-    return samples
+    # each piece tNNNNNN.tar holds what input NNNNNN put in the bucket
+    inputs = {str(piece): task.sources[int(piece.stem[1:])] for piece in folder.glob("t*.tar")}
+    samples = iter_shard_samples(sorted(inputs))
+    return list(with_unique_keys(samples, lambda sample: inputs[sample["__url__"]]))
 
 
 def gather(task):
@@ -297,8 +298,5 @@ def _moved_into_place(gathered, out_dir, prefix):
         target = out_dir / info.path.name
         os.replace(info.path, target)
         moved.append(ShardInfo(target, info.samples, info.bytes))
-    kept = {info.path for info in moved}
-    for stale in out_dir.glob(f"{prefix}-[0-9][0-9][0-9][0-9][0-9][0-9].tar"):
-        if stale not in kept:
-            stale.unlink()
+    remove_stale_shards(out_dir, prefix, {info.path for info in moved})
     return moved
