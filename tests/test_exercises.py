@@ -1780,6 +1780,7 @@ def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_data
         "cannot pickle 'socket' object",
         "cannot pickle '_thread._local' object",
         "cannot pickle 'sqlite3.Connection' object",
+        "cannot pickle 'sqlite3.Cursor' object",
     ],
 )
 def test_an_open_handle_is_recognised_in_what_any_python_says(message):

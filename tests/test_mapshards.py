@@ -6,7 +6,9 @@ import multiprocessing
 import tarfile
 
 import pytest
+import torch
 from PIL import Image
+from torchvision.transforms import v2
 
 from packdata.mapshards import map_shards, resize_sample, resize_shard
 from packdata.shardread import iter_shard_samples
@@ -60,11 +62,26 @@ def test_resize_shard_writes_the_same_bytes_every_run(shards, tmp_path):
         assert {member.mtime for member in tar} == {0}
 
 
-def test_resize_sample_keeps_the_aspect_ratio(tmp_path):
-    wide = io.BytesIO()
-    Image.new("RGB", (64, 40), "navy").save(wide, format="JPEG")
-    resized = resize_sample({"__key__": "w", "jpg": wide.getvalue(), "cls": b"3"}, size=32)
-    assert image_size(resized) == (51, 32) and resized["cls"] == b"3"
+@pytest.mark.parametrize(
+    ("size", "resized"), [((64, 40), (51, 32)), ((40, 47), (32, 37)), ((16, 16), (32, 32))]
+)
+def test_resize_sample_keeps_the_aspect_ratio_as_torchvision_does(size, resized):
+    image = io.BytesIO()
+    Image.new("RGB", size, "navy").save(image, format="JPEG")
+    sample = resize_sample({"__key__": "w", "jpg": image.getvalue(), "cls": b"3"}, size=32)
+    assert image_size(sample) == resized and sample["cls"] == b"3"
+    height, width = v2.Resize(32)(torch.zeros(3, size[1], size[0])).shape[1:]
+    assert resized == (width, height)  # what torchvision's Resize(32) gives
+
+
+def test_resize_sample_names_the_shard_and_sample_it_cannot_resize():
+    sample = {"__url__": "shards/a.tar", "__key__": "k7", "jpg": b"not a jpeg", "cls": b"1"}
+    with pytest.raises(ValueError, match=r"shards/a.tar: sample 'k7': its .jpg cannot be resized"):
+        resize_sample(sample)
+    image = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(image, format="JPEG")
+    with pytest.raises(ValueError, match="at least 1 pixel, got 0"):
+        resize_sample({**sample, "jpg": image.getvalue()}, size=0)
 
 
 def test_map_shards_keeps_outputs_already_there_and_maps_only_the_missing(shards, tmp_path):

@@ -151,6 +151,7 @@ def test_only_the_signature_is_left_out_of_a_presigned_url():
     assert unsigned(signed) == "http://127.0.0.1:9000/b/train-000001.tar?versionId=7"
     assert unsigned(version_2) == "http://127.0.0.1:9000/b/train-000001.tar"
     assert file_name(signed) == file_name(version_2) == "train-000001.tar"
+    assert unsigned("/scratch/run?expires=1/a.tar") == "/scratch/run?expires=1/a.tar"  # a path
 
 
 def test_range_reads_refuse_a_presigned_url_by_name(server, shard_paths):

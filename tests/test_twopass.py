@@ -4,6 +4,7 @@ the tasks, one bucket in memory at a time, clear errors, and the old shards kept
 import functools
 import zlib
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from hashlib import blake2b
 
 import numpy as np
@@ -49,13 +50,19 @@ def test_every_sample_once_with_its_label_in_shards_of_at_most_maxcount(
     assert [key for key, _ in samples] != sorted(expected)  # shuffled
 
 
-def test_a_work_dir_keeps_what_it_held_and_gets_nothing_left_behind(tiny_dataset, tmp_path):
+def test_runs_share_a_work_dir_that_keeps_what_it_held(tiny_dataset, expected, tmp_path):
     scratch = tmp_path / "scratch"  # a shared scratch folder, with someone's files in it
     (scratch / "theirs").mkdir(parents=True)
     (scratch / "theirs" / "notes.txt").write_text("keep me")
-    two_pass_shuffle(
-        folder_sources(tiny_dataset, per_task=25), tmp_path / "out", buckets=2, work_dir=scratch
-    )
+    sources = folder_sources(tiny_dataset, per_task=25)
+    with ThreadPoolExecutor(2) as runs:  # two jobs at once, both with the default prefix
+        results = list(
+            runs.map(
+                lambda out: two_pass_shuffle(sources, out, buckets=2, work_dir=scratch),
+                [tmp_path / "a", tmp_path / "b"],
+            )
+        )
+    assert all(dict(written(result)) == expected for result in results)
     assert [p.name for p in scratch.iterdir()] == ["theirs"]
     assert (scratch / "theirs" / "notes.txt").read_text() == "keep me"
 

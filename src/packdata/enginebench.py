@@ -93,9 +93,9 @@ def timed_map(executor, function, shards):
 
 
 def compare_engines(shards, processes=2, rounds=3, size=64):
-    """``resize_sample`` (to ``size``×``size``) over every shard on a pool of ``processes``
-    processes and on a Dask ``LocalCluster`` of as many one-thread workers, in turn for
-    ``rounds`` rounds; returns an ``EngineComparison``."""
+    """``resize_sample`` (to ``size`` pixels on the short side) over every shard on a pool of
+    ``processes`` processes and on a Dask ``LocalCluster`` of as many one-thread workers, in turn
+    for ``rounds`` rounds; returns an ``EngineComparison``."""
     function = partial(resize_sample, size=size)
     startup, executors = {}, {}
     with ExitStack() as stack:

@@ -33,15 +33,18 @@ def file_name(source):
     return PurePosixPath(urllib.parse.urlsplit(source).path if is_url(source) else source).name
 
 
-# query parameters that only sign a URL (S3's signature versions 4 and 2, Google Cloud Storage's):
-# the same object presigned again, for a later job, gets new ones
-SIGNING_PREFIXES = ("x-amz-", "x-goog-")
+# query parameters that only sign a URL (S3's signature versions 4 and 2): the same object
+# presigned again, for a later job, gets new ones
+SIGNING_PREFIX = "x-amz-"
 SIGNING_PARAMETERS = frozenset({"awsaccesskeyid", "signature", "expires"})
 
 
 def unsigned(url):
     """``url`` without the query parameters that sign it, so that one object presigned twice has
-    one name; the others (an S3 ``versionId``, say) stay, as they choose what is read."""
+    one name; the others (an S3 ``versionId``, say) stay, as they choose what is read. A local
+    path, which has no query (a ``?`` in it is part of a name), comes back as it is."""
+    if not is_url(url):
+        return url
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     kept = [(name, value) for name, value in query if not _signs(name.lower())]
@@ -49,7 +52,7 @@ def unsigned(url):
 
 
 def _signs(parameter):
-    return parameter.startswith(SIGNING_PREFIXES) or parameter in SIGNING_PARAMETERS
+    return parameter.startswith(SIGNING_PREFIX) or parameter in SIGNING_PARAMETERS
 
 
 # sending one twice does no more than once

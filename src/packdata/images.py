@@ -105,13 +105,17 @@ def encode_payload(jpeg, payload="jpeg", resize=None):
     return buffer.getvalue()
 
 
-def shrink_jpeg(jpeg, short_side):
-    """The JPEG resized so that its shorter side is ``short_side`` pixels, its aspect ratio kept
-    (as ``torchvision``'s ``Resize(short_side)`` does), re-encoded at the dataset's JPEG quality."""
+def resize_short_side(jpeg, size):
+    """The JPEG resized, up or down, so that its shorter side is ``size`` pixels and its aspect
+    ratio is kept (the longer side as ``torchvision``'s ``Resize(size)`` computes it), re-encoded
+    at the dataset's JPEG quality."""
+    if size < 1:
+        raise ValueError(f"size must be at least 1 pixel, got {size}")
     with Image.open(io.BytesIO(jpeg)) as image:
         image = image.convert("RGB")
-    scale = short_side / min(image.size)
-    width, height = (max(1, round(side * scale)) for side in image.size)
+    short, long = sorted(image.size)
+    long = int(size * long / short)
+    width, height = (size, long) if image.width <= image.height else (long, size)
     return encode_jpeg(image.resize((width, height), RESIZE_FILTER))
 
 

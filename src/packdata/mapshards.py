@@ -24,7 +24,7 @@ import webdataset as wds
 
 from . import engines
 from .atomic import temporary_prefix
-from .images import ENCODED_IMAGES, shrink_jpeg
+from .images import ENCODED_IMAGES, resize_short_side
 from .layout import expand_shards, local_targets, members_of
 from .shardread import count_shard_samples, iter_shard_samples
 from .shardwrite import write_tar
@@ -44,7 +44,13 @@ def resize_sample(sample, size=32):
     for extension in ENCODED_IMAGES:
         if extension in members:
             members.pop(extension)
-            members["jpg"] = shrink_jpeg(sample[extension], size)
+            try:
+                members["jpg"] = resize_short_side(sample[extension], size)
+            except (OSError, ValueError) as error:  # PIL's unreadable image is an OSError
+                raise ValueError(
+                    f"{sample.get('__url__', 'a shard')}: sample {sample.get('__key__')!r}: its "
+                    f".{extension} cannot be resized: {error}"
+                ) from error
     return members
 
 

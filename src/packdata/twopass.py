@@ -26,6 +26,7 @@ import hashlib
 import math
 import os
 import shutil
+import tempfile
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -252,18 +253,19 @@ def two_pass_shuffle(
     ``maxcount`` samples, holding one of ``buckets`` buckets in memory at a time.
 
     ``executor`` (any ``concurrent.futures.Executor``) runs the tasks of each pass; None runs them
-    here. The buckets live in a hidden folder of their own, ``.<prefix>.twopass``, in
-    ``work_dir`` (default: ``out_dir``, on the same disk), removed at the end with all it holds,
-    and nothing else of ``work_dir``; on a cluster, both folders must be on a file system every
-    worker sees. The shards are written into it too and moved into place only when all are written;
-    older ``<prefix>-NNNNNN.tar`` beyond the new set are then removed."""
+    here. The buckets live in a hidden folder of this run's own, ``.<prefix>.twopass-XXXXXXXX``,
+    in ``work_dir`` (default: ``out_dir``, on the same disk), removed at the end with all it holds
+    (a run killed outright leaves it behind), and nothing else of ``work_dir``: runs may share it.
+    On a cluster, both folders must be on a file system every worker sees. The shards are
+    written into it too and moved into place only when all are written; older
+    ``<prefix>-NNNNNN.tar`` beyond the new set are then removed."""
     if buckets < 1 or maxcount < 1:
         raise ValueError(f"buckets and maxcount must be at least 1, got {buckets} and {maxcount}")
     out_dir = Path(out_dir)
-    work = Path(work_dir or out_dir) / f".{prefix}.twopass"
-    shutil.rmtree(work, ignore_errors=True)  # a crashed run's leftovers: never mixed in
+    Path(work_dir or out_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{prefix}.twopass-", dir=work_dir or out_dir))
     staging = work / "shards"
-    staging.mkdir(parents=True)
+    staging.mkdir()
     out_dir.mkdir(parents=True, exist_ok=True)
     run = executor.map if executor is not None else map
     try:

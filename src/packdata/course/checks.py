@@ -28,10 +28,10 @@ def passed(message):
 RELATIVE_TOLERANCE = 1e-6
 # what pickle says of an open file or a lock: "cannot pickle '_io.BufferedReader' object" up to
 # Python 3.11, "cannot pickle 'BufferedReader' instances" from 3.12; "'_thread.RLock' object";
-# and of the other handles a dataset may hold: a mapping, a socket, a per-thread store, SQLite
+# and of the other handles a dataset may hold: a memory map, a socket, a per-thread store, SQLite
 UNPICKLABLE_HANDLE = re.compile(
     r"cannot pickle '(_io\.|_thread\.|mmap\.|sqlite3\.)?"
-    r"(Buffered\w+|TextIOWrapper|FileIO|\w*lock|mmap|socket|_local|Connection)'",
+    r"(Buffered\w+|TextIOWrapper|FileIO|\w*lock|mmap|socket|_local|Connection|Cursor)'",
     re.IGNORECASE,
 )
 
@@ -2632,8 +2632,8 @@ def check_spawn_ready(dataset, manifest):
             raise CheckFailed(
                 f"pickle.dumps(dataset) failed: {type(error).__name__}: {error}. A spawned worker "
                 "receives the "
-                "dataset pickled, and an open handle (a ZipFile's file and lock, a mapping, a "
-                "socket) cannot be pickled. "
+                "dataset pickled, and an open handle (a ZipFile's file and lock, a memory map "
+                "(mmap), a socket) cannot be pickled. "
                 "Pickle a recipe "
                 "instead: __reduce__ returns a class and the arguments to build the dataset again, "
                 "e.g. the archive "
