@@ -168,7 +168,9 @@ class Layout(NamedTuple):
 def fingerprint(shards, seed, shuffle, buffer_size, keys, equalize):
     """What must not change between a state and the dataset it is loaded into, in words. Shards
     count by file name, so data served from another host or port (a restarted store), or through
-    URLs presigned anew, still fits."""
+    URLs presigned anew, still fits. Their contents do not count: a shard rewritten under its name
+    between the save and the resume is noticed only when the buffer's samples are missing from it
+    (``_read_held``): leave a run's shards as they are until the run is over."""
     names = hashlib.sha1("\n".join(map(file_name, shards)).encode()).hexdigest()
     order = "shuffled" if shuffle else "in order"
     equal = ", equalized" if equalize else ""
