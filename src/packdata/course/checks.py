@@ -1189,7 +1189,8 @@ def check_shard_urls(shard_urls, client, bucket, prefix):
 
 # --- lesson 6: who am I under torchrun? -----------------------------------------------------------
 
-# some of what torchrun sets in each process: one process each of jobs on 1, 2, 2 and 3 machines
+# some of what torchrun sets in each process: five processes of four jobs, on 1, 2 (two of its
+# processes), 2 and 3 machines
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 _TORCHRUN_PROCESSES = [
     (1, 2, 1, 2, 0),
@@ -1389,7 +1390,7 @@ def check_where_am_i(where_am_i):
                 f"{tuple(truth)}."
             )
     passed(
-        "rank, world size and local rank read as ints from the environment on 1 and 2 machines, "
+        "rank, world size and local rank read as ints from the environment on 1 to 3 machines, "
         "rank 0 of 1 alone; under torchrun both processes agree with torch.distributed."
     )
 
