@@ -853,6 +853,12 @@ def urls_with_the_manifest(client, bucket, prefix, expires_s):
     return [presign(client, bucket, key, expires_s) for key in shard_keys(client, bucket, prefix)]
 
 
+def urls_of_every_page_s_contents(client, bucket, prefix, expires_s):
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    keys = [item["Key"] for page in pages for item in page["Contents"]]
+    return [presign(client, bucket, key, expires_s) for key in keys if key.endswith(".tar")]
+
+
 def urls_of_the_whole_bucket(client, bucket, prefix, expires_s):
     return urls_right(client, bucket, "", expires_s)
 
@@ -918,6 +924,7 @@ def urls_of_another_bucket(client, bucket, prefix, expires_s):
 URL_MISTAKES = {
     urls_of_the_first_page: "at most 1,000 keys",
     urls_with_the_manifest: "train/manifest.json is no shard",
+    urls_of_every_page_s_contents: r"no key has no 'Contents': page.get\('Contents', \[\]\)",
     urls_of_the_whole_bucket: "val/val-000000.tar is not under train/",
     urls_of_s3: "has no credentials",
     urls_unsigned: "carries no signature",

@@ -1161,6 +1161,7 @@ def check_shard_urls(shard_urls, client, bucket, prefix):
         day,
         f"shard_urls(client, {LISTING_BUCKET!r}, 'train/', {day})",
     )
+    _nothing_under(shard_urls, client, "no-such-prefix/", day)
     call = f"shard_urls(client, {bucket!r}, {prefix!r}, 21600)"
     urls = _same_shards(
         shard_urls(client, bucket, prefix, 21_600), client, bucket, prefix, 21_600, call
@@ -1185,6 +1186,20 @@ def check_shard_urls(shard_urls, client, bucket, prefix):
         f"signed for {day:,} s; webdataset read all {len(read):,} samples of s3://{bucket}/"
         f"{prefix} once, through {len(urls)} presigned URLs and no credentials."
     )
+
+
+def _nothing_under(shard_urls, client, prefix, expires_s):
+    """``shard_urls`` gives no URL for a prefix that holds no object."""
+    call = f"shard_urls(client, {LISTING_BUCKET!r}, {prefix!r}, {expires_s})"
+    try:
+        urls = shard_urls(client, LISTING_BUCKET, prefix, expires_s)
+    except KeyError as error:
+        raise CheckFailed(
+            f"{call}, a prefix with no objects, raised KeyError: {error}. A page of the listing "
+            "that holds no key has no 'Contents': page.get('Contents', [])."
+        ) from None
+    if list(urls):
+        raise CheckFailed(f"{call}, a prefix with no objects, returned {list(urls)!r:.80}, not [].")
 
 
 # --- lesson 6: who am I under torchrun? -----------------------------------------------------------
