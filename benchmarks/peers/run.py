@@ -28,6 +28,7 @@ import ast
 import contextlib
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -481,7 +482,9 @@ network store (`packdata.netstore`, {lab.latency * 1e3:g} ms per request, its ow
 {WORLD} ranks (processes in a gloo group) × {WORKERS} loader workers, batches of
 {lab.settings["batch"]}, every image decoded with PIL and cropped to 224×224
 (`RandomResizedCrop`) in the workers, one thread per process; {lab.settings["rounds"]} round(s),
-the tools taking turns. {system.usable_cores()} cores; the whole run took {seconds:.0f} s.
+the tools taking turns. Measured on {time.strftime("%Y-%m-%d")}, {system.usable_cores()} cores,
+{platform.platform(terse=True)}, Python {platform.python_version()}; the whole run took
+{seconds:.0f} s.
 
 {verdict}
 

@@ -1,7 +1,9 @@
 """Hugging Face datasets 5.2.0, streaming with its ``webdataset`` builder over webdataset's tar
-shards in the store (no Hub involved): ``split_dataset_by_node`` gives each rank whole shards, the
-DataLoader workers split those, a shuffle buffer mixes them. The ``IterableDataset`` has
-``state_dict``, which torchdata's ``StatefulDataLoader`` saves and restores."""
+shards in the store (no Hub involved): ``split_dataset_by_node`` gives each rank whole shards (when
+the shard count is a multiple of the ranks; else every world_size-th sample), the DataLoader
+workers split those, a shuffle buffer mixes them. The ``IterableDataset`` has ``state_dict``, which
+torchdata's ``StatefulDataLoader`` saves and restores, but not the samples in the shuffle buffer:
+datasets documents that those are lost on a resume."""
 
 import functools
 

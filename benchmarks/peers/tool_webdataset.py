@@ -1,6 +1,6 @@
 """webdataset 1.0.2: ``WebDataset`` over shards from its own ``ShardWriter``, read from the store
-over HTTP (webdataset runs ``curl``), split by node and by worker, shard order shuffled
-deterministically (``detshuffle`` with a seed, so that the ranks agree), a shuffle buffer.
+over HTTP (webdataset runs ``curl``), split by node and by worker, then each worker's shards
+shuffled with the seed plus the epoch (``detshuffle``, after the split), a shuffle buffer.
 
 webdataset has no state of its own: it resumes through torchdata's ``StatefulDataLoader``, which
 replays each worker's stream and skips what was delivered."""
@@ -33,16 +33,17 @@ convert = write_tars
 
 
 def open_loader(place, state=None):
+    urls = place.urls(".tar")
     pipeline = (
         wds.WebDataset(
-            place.urls(".tar"),
-            shardshuffle=True,
+            urls,
+            shardshuffle=len(urls),
             detshuffle=True,
-            seed=place.seed,
+            seed=place.seed + place.epoch,  # built anew each epoch: a new order each epoch
             nodesplitter=wds.split_by_node,
             empty_check=False,
         )
-        .shuffle(place.buffer, seed=place.seed)
+        .shuffle(place.buffer, seed=place.seed + place.epoch)
         .to_tuple("__key__", "jpg")
         .map_tuple(None, decode_crop)
         .batched(place.batch, collation_fn=stack)
