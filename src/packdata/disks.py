@@ -64,10 +64,10 @@ REFERENCE_STORAGE = (
     ),
     StorageType(
         "object store (S3-class)",
-        0.05,
+        0.1,
         100e6,
-        "20–100 ms to first byte per GET, ~100 MB/s per connection",
-        "cloud provider performance and pricing docs",
+        "100–200 ms to the first byte of a small object per GET; 85–100 MB/s per connection",
+        "AWS's S3 performance guidelines and S3 pricing",
         usd_per_1000_requests=0.0004,
     ),
 )
