@@ -12,6 +12,7 @@ conventions: ustar headers with fixed owner and time.
 """
 
 import glob
+import operator
 import os
 import shutil
 import tempfile
@@ -234,12 +235,12 @@ def cat_shards(shards, output):
     return write_tar(output, with_unique_keys(iter_shard_samples(shards)))
 
 
-def with_unique_keys(samples, origin=None):
+def with_unique_keys(samples, origin=operator.itemgetter("__url__")):
     """``(key, members)`` of each sample; a key seen before raises ``ValueError`` naming where
-    both came from: ``origin(sample)``, by default its shard (``__url__``)."""
+    both came from: ``origin(sample)``, by default its shard."""
     seen = {}
     for sample in samples:
-        key, where = sample["__key__"], origin(sample) if origin else sample["__url__"]
+        key, where = sample["__key__"], origin(sample)
         if key in seen:
             raise ValueError(f"duplicate key {key!r}: in {seen[key]} and in {where}")
         seen[key] = where

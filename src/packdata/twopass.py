@@ -261,12 +261,12 @@ def two_pass_shuffle(
     ``<prefix>-NNNNNN.tar`` beyond the new set are then removed."""
     if buckets < 1 or maxcount < 1:
         raise ValueError(f"buckets and maxcount must be at least 1, got {buckets} and {maxcount}")
-    out_dir = Path(out_dir)
-    Path(work_dir or out_dir).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{prefix}.twopass-", dir=work_dir or out_dir))
+    out_dir, base = Path(out_dir), Path(work_dir or out_dir)
+    for folder in {out_dir, base}:
+        folder.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{prefix}.twopass-", dir=base))
     staging = work / "shards"
     staging.mkdir()
-    out_dir.mkdir(parents=True, exist_ok=True)
     run = executor.map if executor is not None else map
     try:
         tasks = [

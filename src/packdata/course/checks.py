@@ -1192,14 +1192,14 @@ def _nothing_under(shard_urls, client, prefix, expires_s):
     """``shard_urls`` gives no URL for a prefix that holds no object."""
     call = f"shard_urls(client, {LISTING_BUCKET!r}, {prefix!r}, {expires_s})"
     try:
-        urls = shard_urls(client, LISTING_BUCKET, prefix, expires_s)
+        urls = list(shard_urls(client, LISTING_BUCKET, prefix, expires_s))
     except KeyError as error:
         raise CheckFailed(
             f"{call}, a prefix with no objects, raised KeyError: {error}. A page of the listing "
             "that holds no key has no 'Contents': page.get('Contents', [])."
         ) from None
-    if list(urls):
-        raise CheckFailed(f"{call}, a prefix with no objects, returned {list(urls)!r:.80}, not [].")
+    if urls:
+        raise CheckFailed(f"{call}, a prefix with no objects, returned {urls!r:.80}, not [].")
 
 
 # --- lesson 6: who am I under torchrun? -----------------------------------------------------------
