@@ -13,8 +13,8 @@ on the slides (cells that are not ``skip`` or ``notes``):
 - visible code cells and their lines.
 
 and, in the worked sheet ``solutions/NN_*.md``, the exercises (code cells that call a
-``check_…`` function of a checks module, ``checks`` or ``resume_checks``) and the lines of code of
-each (blank lines and comments left out).
+``check_…`` function of a checks module, ``folder_checks`` or ``resume_checks`` for instance) and
+the lines of code of each (blank lines and comments left out).
 
 The rule: words, on the slides and in the notes, at WORDS_PER_MINUTE (slower than reading aloud,
 because slides are explained, not read), plus CODE_CELL_MINUTES for each visible code cell (say

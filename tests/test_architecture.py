@@ -78,7 +78,7 @@ def test_imports_are_found_however_they_are_written():
     source = """
 import packdata.tario
 from packdata import layout, __version__
-from . import checks
+from . import feedback
 from ..images import decode_image
 
 def later():
@@ -88,7 +88,7 @@ def later():
         "packdata.tario",
         "packdata.layout",
         "packdata",  # for __version__, which packdata/__init__.py defines
-        "packdata.course.checks",
+        "packdata.course.feedback",
         "packdata.images",
         "packdata.course",
     }

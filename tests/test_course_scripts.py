@@ -88,7 +88,7 @@ six seven eight
 
 SOLUTION = """\
 ```python
-from packdata.course import checks
+from packdata.course import folder_checks
 ```
 
 ```python
@@ -96,7 +96,7 @@ from packdata.course import checks
 answer = 1
 
 answer += 1
-checks.check_answer(answer)
+folder_checks.check_answer(answer)
 ```
 """
 

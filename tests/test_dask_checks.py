@@ -13,8 +13,8 @@ import pytest
 import webdataset as wds
 
 from packdata import shardwrite
-from packdata.course.checks import CheckFailed
 from packdata.course.dask_checks import check_collect, check_shard_task
+from packdata.course.feedback import CheckFailed
 from packdata.mapshards import resize_sample
 
 

@@ -23,7 +23,18 @@ from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packdata import costmodel, imagefolder, packing, s3, tarindex
-from packdata.course import checks, exercises
+from packdata.course import (
+    exercises,
+    feedback,
+    folder_checks,
+    handle_checks,
+    packing_checks,
+    s3_checks,
+    shard_checks,
+    sizing_checks,
+    torchrun_checks,
+    webdataset_checks,
+)
 from packdata.datasets import FolderDataset, ZipDataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -318,7 +329,7 @@ class ZipOpenedLazily(ZipDataset):
 
 def test_a_zip_dataset_that_opens_its_archive_lazily_passes(tiny_dataset, capsys):
     path = archive(tiny_dataset, "zip")
-    checks.check_zip_dataset(ZipOpenedLazily(path), path)
+    packing_checks.check_zip_dataset(ZipOpenedLazily(path), path)
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -630,8 +641,8 @@ ASSIGN_MISTAKES = {
     "wrong", list(ASSIGN_MISTAKES), ids=[wrong.__name__ for wrong in ASSIGN_MISTAKES]
 )
 def test_each_shard_assignment_mistake_is_named(wrong, tiny_dataset):
-    with pytest.raises(checks.CheckFailed, match=ASSIGN_MISTAKES[wrong]):
-        checks.check_assign_shards(wrong, tiny_dataset)
+    with pytest.raises(feedback.CheckFailed, match=ASSIGN_MISTAKES[wrong]):
+        shard_checks.check_assign_shards(wrong, tiny_dataset)
 
 
 CASES.update(
@@ -653,7 +664,7 @@ def samples_per_shard_right(latency, bandwidth, mean_bytes, efficiency):
 
 
 def test_a_numpy_integer_is_a_whole_number_of_samples(capsys):
-    checks.check_samples_per_shard(
+    sizing_checks.check_samples_per_shard(
         lambda lat, bw, b, e: np.int64(samples_per_shard_right(lat, bw, b, e))
     )
     assert capsys.readouterr().out.startswith("✓")
@@ -941,8 +952,8 @@ URL_MISTAKES = {
 
 @pytest.mark.parametrize("wrong", list(URL_MISTAKES), ids=[w.__name__ for w in URL_MISTAKES])
 def test_each_shard_url_mistake_is_named(wrong, tiny_dataset):
-    with pytest.raises(checks.CheckFailed, match=URL_MISTAKES[wrong]):
-        s3_case(checks.check_shard_urls, wrong, tiny_dataset)
+    with pytest.raises(feedback.CheckFailed, match=URL_MISTAKES[wrong]):
+        s3_case(s3_checks.check_shard_urls, wrong, tiny_dataset)
 
 
 def where_right(environ=os.environ):
@@ -1037,8 +1048,8 @@ WHERE_MISTAKES = {
 
 @pytest.mark.parametrize("wrong", list(WHERE_MISTAKES), ids=[w.__name__ for w in WHERE_MISTAKES])
 def test_each_torchrun_variable_mistake_is_named(wrong):
-    with pytest.raises(checks.CheckFailed, match=WHERE_MISTAKES[wrong]):
-        checks.check_where_am_i(wrong)
+    with pytest.raises(feedback.CheckFailed, match=WHERE_MISTAKES[wrong]):
+        torchrun_checks.check_where_am_i(wrong)
 
 
 def where_through_a_helper(environ=os.environ):
@@ -1046,20 +1057,22 @@ def where_through_a_helper(environ=os.environ):
 
 
 def test_numpy_integers_are_a_right_number_of_steps(capsys):
-    checks.check_common_full_steps(lambda ranks, b: np.min([sum(n // b for n in r) for r in ranks]))
+    sizing_checks.check_common_full_steps(
+        lambda ranks, b: np.min([sum(n // b for n in r) for r in ranks])
+    )
     assert capsys.readouterr().out.startswith("✓")
 
 
 def test_torchrun_runs_the_function_for_real_and_names_what_it_raised():
-    with pytest.raises(checks.CheckFailed, match="NameError: name 'where_right' is not defined"):
-        checks.check_where_am_i(where_through_a_helper)
+    with pytest.raises(feedback.CheckFailed, match="NameError: name 'where_right' is not defined"):
+        torchrun_checks.check_where_am_i(where_through_a_helper)
 
 
 def test_a_failed_torchrun_shows_what_its_processes_printed_not_its_own_traceback():
     rank = "Traceback (most recent call last):\n  File where_am_i.py\nRuntimeError: gloo\n"
     agent = "Traceback (most recent call last):\n  File run.py\nChildFailedError:\n"
-    assert checks._before_torchruns_traceback(rank + agent) == rank
-    assert checks._before_torchruns_traceback(agent) == agent  # nothing else to show
+    assert torchrun_checks._before_torchruns_traceback(rank + agent) == rank
+    assert torchrun_checks._before_torchruns_traceback(agent) == agent  # nothing else to show
 
 
 CASES.update(
@@ -1138,15 +1151,15 @@ class OpenedEveryCallInWorkers(PerProcessZip):
 
 
 def test_a_worker_that_opens_a_handle_per_call_is_named(tiny_dataset):
-    with pytest.raises(checks.CheckFailed, match="two calls returned two different ZipFiles"):
-        lesson3_case(checks.check_per_process_handle, OpenedEveryCallInWorkers, tiny_dataset)
+    with pytest.raises(feedback.CheckFailed, match="two calls returned two different ZipFiles"):
+        lesson3_case(handle_checks.check_per_process_handle, OpenedEveryCallInWorkers, tiny_dataset)
 
 
 def test_a_handle_reopened_only_when_closed_is_named(tiny_dataset):
     """The check closes the main process's handle before its audit: it must first see that a
     worker forked while that handle is open gets it back."""
-    with pytest.raises(checks.CheckFailed, match="compare os.getpid"):
-        lesson3_case(checks.check_per_process_handle, ReopenedWhenClosed, tiny_dataset)
+    with pytest.raises(feedback.CheckFailed, match="compare os.getpid"):
+        lesson3_case(handle_checks.check_per_process_handle, ReopenedWhenClosed, tiny_dataset)
 
 
 def reopen_right(worker_id):
@@ -1440,13 +1453,13 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
 )
 def test_check_names_the_mistake(name, wrong, hint, tiny_dataset):
     run, _, _ = CASES[name]
-    with pytest.raises(checks.CheckFailed, match=hint):
-        run(getattr(checks, name), wrong, tiny_dataset)
+    with pytest.raises(feedback.CheckFailed, match=hint):
+        run(check_named(name), wrong, tiny_dataset)
 
 
 def test_a_walk_over_the_headers_passes_the_tar_index_check(tiny_dataset, capsys):
     walk = walked_tar_index(lambda size: -(-size // 512) * 512)
-    checks.check_tar_index(walk, archive(tiny_dataset, "tar"))
+    packing_checks.check_tar_index(walk, archive(tiny_dataset, "tar"))
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -1536,7 +1549,7 @@ def stream_class(mistake=None):
 
 
 def test_a_right_stream_passes(tiny_dataset, capsys):
-    checks.check_shard_stream(stream_class(), tiny_shards(tiny_dataset))
+    shard_checks.check_shard_stream(stream_class(), tiny_shards(tiny_dataset))
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -1567,14 +1580,14 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
     ],
 )
 def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):
-    with pytest.raises(checks.CheckFailed) as failed:
-        checks.check_shard_stream(stream_class(mistake), tiny_shards(tiny_dataset))
+    with pytest.raises(feedback.CheckFailed) as failed:
+        shard_checks.check_shard_stream(stream_class(mistake), tiny_shards(tiny_dataset))
     assert named in str(failed.value)
 
 
 def test_twice_within_a_rank_and_missing_blames_the_workers_shuffles():
     # the workers of rank 0 dealt from lists shuffled differently: "a" twice, "d" and "e" never
-    reason = checks._duplicates_explained([["a", "a", "b"], ["c"]], expected=5)
+    reason = shard_checks._duplicates_explained([["a", "a", "b"], ["c"]], expected=5)
     assert reason.startswith("within one rank, 1 samples arrived twice, and 2 of 5 never")
     assert "the rank's workers shuffled the shard list differently" in reason
 
@@ -1676,7 +1689,7 @@ def loader_maker(
     ],
 )
 def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
-    checks.check_webdataset_loader(maker, tiny_shards(tiny_dataset))
+    webdataset_checks.check_webdataset_loader(maker, tiny_shards(tiny_dataset))
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -1708,8 +1721,8 @@ def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
     ],
 )
 def test_each_webdataset_mistake_is_named(tiny_dataset, maker, named):
-    with pytest.raises(checks.CheckFailed) as failed:
-        checks.check_webdataset_loader(maker, tiny_shards(tiny_dataset))
+    with pytest.raises(feedback.CheckFailed) as failed:
+        webdataset_checks.check_webdataset_loader(maker, tiny_shards(tiny_dataset))
     assert named in str(failed.value)
 
 
@@ -1729,25 +1742,44 @@ CASES.update(
 )
 
 
+# the modules of lessons 0 to 6's checks; those of lessons 7 and 8 have tests of their own
+LESSON_CHECKS = (
+    folder_checks,
+    packing_checks,
+    handle_checks,
+    shard_checks,
+    webdataset_checks,
+    sizing_checks,
+    s3_checks,
+    torchrun_checks,
+)
+
+
+def check_named(name):
+    (check,) = (getattr(module, name) for module in LESSON_CHECKS if hasattr(module, name))
+    return check
+
+
 def test_every_check_has_cases():
     defined = {
         name
-        for name, f in inspect.getmembers(checks, inspect.isfunction)
-        if name.startswith("check_")
+        for module in LESSON_CHECKS
+        for name, f in inspect.getmembers(module, inspect.isfunction)
+        if name.startswith("check_") and f.__module__ == module.__name__
     }
     assert defined == set(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_check_passes_right_and_fails_wrong(name, tiny_dataset, capsys):
-    check = getattr(checks, name)
+    check = check_named(name)
     run, right, wrongs = CASES[name]
     run(check, right, tiny_dataset)
     assert capsys.readouterr().out.startswith("✓")
     with pytest.raises(NotImplementedError):
         run(check, STUBS.get(name, stub), tiny_dataset)
     for wrong in wrongs:
-        with pytest.raises(checks.CheckFailed):
+        with pytest.raises(feedback.CheckFailed):
             run(check, wrong, tiny_dataset)
 
 
@@ -1756,24 +1788,24 @@ def test_a_stub_run_in_a_worker_shows_its_hint_alone(tiny_dataset):
         raise NotImplementedError("Your turn! Hint: which copy of the dataset does a worker read?")
 
     with pytest.raises(NotImplementedError) as raised:
-        lesson3_case(checks.check_worker_init_fn, init_stub, tiny_dataset)
+        lesson3_case(handle_checks.check_worker_init_fn, init_stub, tiny_dataset)
     assert str(raised.value) == "Your turn! Hint: which copy of the dataset does a worker read?"
 
 
 def test_an_unshuffled_drain_is_named_before_the_epochs_compare(tiny_dataset):
-    with pytest.raises(checks.CheckFailed, match="rng.shuffle"):
-        checks.check_shuffle_buffer(buffer_with_unshuffled_drain, tiny_shards(tiny_dataset))
+    with pytest.raises(feedback.CheckFailed, match="rng.shuffle"):
+        shard_checks.check_shuffle_buffer(buffer_with_unshuffled_drain, tiny_shards(tiny_dataset))
 
 
 def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_dataset):
     manifest, path = imagefolder.load_manifest(tiny_dataset), archive(tiny_dataset, "zip")
-    with pytest.raises(checks.CheckFailed) as not_a_tuple:
-        checks.check_spawn_ready(RecipeArgumentsNotATuple(path), manifest)
+    with pytest.raises(feedback.CheckFailed) as not_a_tuple:
+        handle_checks.check_spawn_ready(RecipeArgumentsNotATuple(path), manifest)
     assert "tuple of the arguments" in str(not_a_tuple.value) and "ZipFile" not in str(
         not_a_tuple.value
     )
-    with pytest.raises(checks.CheckFailed, match="an open handle"):
-        checks.check_spawn_ready(RecipeOfTheHandle(path), manifest)
+    with pytest.raises(feedback.CheckFailed, match="an open handle"):
+        handle_checks.check_spawn_ready(RecipeOfTheHandle(path), manifest)
 
 
 @pytest.mark.parametrize(
@@ -1791,12 +1823,12 @@ def test_the_spawn_check_blames_an_open_file_only_when_one_was_pickled(tiny_data
     ],
 )
 def test_an_open_handle_is_recognised_in_what_any_python_says(message):
-    assert checks.UNPICKLABLE_HANDLE.search(message)
+    assert handle_checks.UNPICKLABLE_HANDLE.search(message)
 
 
 def test_the_handle_check_names_a_handle_that_breaks_building_the_dataset(tiny_dataset):
-    with pytest.raises(checks.CheckFailed, match="must return a zipfile.ZipFile"):
-        lesson3_case(checks.check_per_process_handle, OpenedAsAPlainFile, tiny_dataset)
+    with pytest.raises(feedback.CheckFailed, match="must return a zipfile.ZipFile"):
+        lesson3_case(handle_checks.check_per_process_handle, OpenedAsAPlainFile, tiny_dataset)
 
 
 @pytest.mark.parametrize(
@@ -1809,8 +1841,8 @@ def test_the_handle_check_names_a_handle_that_breaks_building_the_dataset(tiny_d
 )
 def test_the_spawn_check_names_a_recipe_that_changes_an_argument(tiny_dataset, recipe, named):
     manifest, path = imagefolder.load_manifest(tiny_dataset), archive(tiny_dataset, "zip")
-    with pytest.raises(checks.CheckFailed, match=named):
-        checks.check_spawn_ready(recipe(path), manifest)
+    with pytest.raises(feedback.CheckFailed, match=named):
+        handle_checks.check_spawn_ready(recipe(path), manifest)
 
 
 # --- numeric checks say how far off a near miss is ----------------------------------------------
@@ -1826,7 +1858,7 @@ def test_the_spawn_check_names_a_recipe_that_changes_an_argument(tiny_dataset, r
     ],
 )
 def test_mismatch_shows_digits_that_differ_and_the_relative_error(got, expected, tolerance, shown):
-    assert shown in checks.mismatch(got, expected, "s", tolerance)
+    assert shown in feedback.mismatch(got, expected, "s", tolerance)
 
 
 @pytest.mark.parametrize(
@@ -1836,8 +1868,8 @@ def test_a_near_miss_in_the_cost_model_prints_two_different_numbers(factor, off)
     def almost(*args):
         return predict_right(*args) * factor
 
-    with pytest.raises(checks.CheckFailed) as failure:
-        checks.check_predict_epoch_seconds(almost)
+    with pytest.raises(feedback.CheckFailed) as failure:
+        folder_checks.check_predict_epoch_seconds(almost)
     message = str(failure.value)
     got, expected = re.search(r"returned ([\d.]+) s, expected ([\d.]+) s", message).groups()
     assert got != expected
@@ -1848,9 +1880,11 @@ def test_a_near_miss_in_a_count_says_how_far_off_it_is():
     def one_more(samples_per_worker, batch_size):
         return full_steps_right(samples_per_worker, batch_size) + 1
 
-    with pytest.raises(checks.CheckFailed, match=r"returned 6, expected 5 \(20% off; the check"):
-        checks.check_common_full_steps(one_more)
-    with pytest.raises(checks.CheckFailed, match=r"% off; the check wants it exact"):
-        checks.check_workers_needed(lambda t, lat, s: costmodel.workers_needed(t, lat, s) + 2)
-    with pytest.raises(checks.CheckFailed, match=r"% off; the check wants it exact"):
-        checks.check_samples_per_shard(lambda *args: samples_per_shard_right(*args) * 2)
+    with pytest.raises(feedback.CheckFailed, match=r"returned 6, expected 5 \(20% off; the check"):
+        sizing_checks.check_common_full_steps(one_more)
+    with pytest.raises(feedback.CheckFailed, match=r"% off; the check wants it exact"):
+        folder_checks.check_workers_needed(
+            lambda t, lat, s: costmodel.workers_needed(t, lat, s) + 2
+        )
+    with pytest.raises(feedback.CheckFailed, match=r"% off; the check wants it exact"):
+        sizing_checks.check_samples_per_shard(lambda *args: samples_per_shard_right(*args) * 2)

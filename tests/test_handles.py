@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from packdata import audit, perprocess
 from packdata.audit import audit_reads, expected_checksums
-from packdata.course.checks import CheckFailed, check_spawn_ready
+from packdata.course.feedback import CheckFailed
+from packdata.course.handle_checks import check_spawn_ready
 from packdata.datasets import IndexedTarDataset, WorkerSafeZipDataset, ZipDataset
 from packdata.imagefolder import load_manifest
 from packdata.packing import pack_tar, pack_zip

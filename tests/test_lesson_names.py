@@ -121,8 +121,8 @@ from packdata.streaming import (
     NoSuchThing,
 )
 import packdata.layout as lay
-imagefolder.load_manifest(root), imagefolder.no_function(), tools.checks.no_check
-lay.no_layout, other.imagefolder.not_ours, tools.checks.check_pack_zip
+imagefolder.load_manifest(root), imagefolder.no_function(), tools.packing_checks.no_check
+lay.no_layout, other.imagefolder.not_ours, tools.packing_checks.check_pack_zip
 from packdata.gone import thing
 ```
 """
@@ -132,7 +132,7 @@ from packdata.gone import thing
         "2: no packdata.images.no_decoder",
         "7: no packdata.streaming.NoSuchThing",
         "10: no packdata.imagefolder.no_function",
-        "10: no packdata.course.checks.no_check",
+        "10: no packdata.course.packing_checks.no_check",
         "11: no packdata.layout.no_layout",
         "12: no module packdata.gone",
     ]
@@ -141,5 +141,5 @@ from packdata.gone import thing
         ("packdata.images", "decode_image"),
         ("packdata.streaming", "ShardDataset"),
         ("packdata.imagefolder", "load_manifest"),
-        ("packdata.course", "checks", "check_pack_zip"),
+        ("packdata.course", "packing_checks", "check_pack_zip"),
     } <= found

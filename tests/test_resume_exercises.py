@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from packdata import shardwrite, synthetic
-from packdata.course.checks import CheckFailed
+from packdata.course.feedback import CheckFailed
 from packdata.course.resume_checks import check_distributed_indices, check_resumable_stream
 from packdata.layout import raise_now
 from packdata.streaming import shard_tuples

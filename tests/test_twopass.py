@@ -12,7 +12,7 @@ import pytest
 
 from packdata import engines, shufflebench
 from packdata.course import shuffle_checks
-from packdata.course.checks import CheckFailed
+from packdata.course.feedback import CheckFailed
 from packdata.imagefolder import load_manifest
 from packdata.shardread import iter_shard_samples
 from packdata.shardwrite import write_tar

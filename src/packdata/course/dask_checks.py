@@ -21,7 +21,7 @@ from ..layout import members_of
 from ..mapshards import resize_sample
 from ..shardread import iter_shard_samples
 from ..shardwrite import write_tar
-from .checks import CheckFailed, passed
+from .feedback import CheckFailed, passed
 
 SYSTEM_TMP = Path("/tmp")  # where a temporary file goes when a task names the folder itself
 SLOW_JOB = 0  # the job the collect check makes slow: submitted first, done last

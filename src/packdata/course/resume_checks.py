@@ -6,7 +6,7 @@ steps; torch's own ``DistributedSampler`` as the reference) and names the mistak
 
 import json
 
-from .checks import CheckFailed, passed
+from .feedback import CheckFailed, passed
 
 KEYS = ("__key__", "cls")
 BATCH = 8

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import shufflebench, twopass
 from . import fresh
-from .checks import CheckFailed, passed
+from .feedback import CheckFailed, passed
 
 CLASSES, PER_CLASS, BUCKETS, BATCH = 10, 400, 8, 64
 # class by class, as a tar of tars comes, named as its inner tars name them: n01440764_0, ...

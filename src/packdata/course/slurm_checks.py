@@ -8,7 +8,7 @@ are strings, as the script puts them in ``os.environ`` before ``init_process_gro
 
 from collections.abc import Mapping
 
-from .checks import CheckFailed, passed
+from .feedback import CheckFailed, passed
 
 NODES, TASKS_PER_NODE = 2, 3
 
