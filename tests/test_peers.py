@@ -85,6 +85,15 @@ def test_the_audit_counts_duplicates_missing_and_unknown_samples():
     assert run.audit_text(audit) == "2 dup., 2 missing"
 
 
+def test_the_report_explains_the_rows_whose_driver_has_a_caveat():
+    results = {
+        "quiet": {"about": {"title": "Quiet", "version": "1.0", "caveat": None}},
+        "odd": {"about": {"title": "Odd", "version": "2.0", "caveat": "it resumes oddly."}},
+        "broken": {"errors": {"describe": "no such module"}},
+    }
+    assert run.caveats(results) == "- **Odd 2.0**: it resumes oddly.\n"
+
+
 @pytest.mark.parametrize("venv", sorted(run.PYTHONS))
 def test_drivers_import_and_describe_themselves_in_their_environment(venv, tmp_path):
     python = run.PYTHONS[venv]
@@ -98,5 +107,6 @@ def test_drivers_import_and_describe_themselves_in_their_environment(venv, tmp_p
         )
         assert done.returncode == 0, done.stderr[-2000:]
         about = json.loads(done.stdout.strip().splitlines()[-1])
-        assert set(about) == {"title", "package", "reads", "keeps", "writer", "version"}
+        assert set(about) == {"title", "package", "reads", "keeps", "writer", "version", "caveat"}
+        assert about["caveat"] is None or about["caveat"].endswith(".")
         assert about["version"][0].isdigit()

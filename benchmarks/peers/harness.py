@@ -237,6 +237,7 @@ def describe(job):
     tool = importlib.import_module(f"tool_{job['tool']}")
     names = ("TITLE", "PACKAGE", "READS", "KEEPS", "WRITER")
     about = {name.lower(): getattr(tool, name) for name in names}
+    about["caveat"] = getattr(tool, "CAVEAT", None)  # what a reader of the table should know
     about["version"] = importlib.metadata.version(tool.PACKAGE)
     print(json.dumps(about))
 

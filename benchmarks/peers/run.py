@@ -465,6 +465,15 @@ def plot(results, samples, out):
     plt.close(figure)
 
 
+def caveats(results):
+    """A line for each tool whose row needs a word of explanation (its driver's ``CAVEAT``)."""
+    return "".join(
+        f"- **{title(results, tool)}**: {result['about']['caveat']}\n"
+        for tool, result in results.items()
+        if result.get("about", {}).get("caveat")
+    )
+
+
 def report(lab, seconds, quick):
     results, samples = lab.results, len(lab.expected)
     out = lab.out
@@ -500,6 +509,7 @@ the tools taking turns. Measured on {time.strftime("%Y-%m-%d")}, {system.usable_
   checkpoint, restarted from it; the samples delivered before the checkpoint plus after the restart,
   audited against the dataset.
 - Versions: {versions}.
+{caveats(results)}
 
 ![peers](peers.png)
 """

@@ -19,6 +19,13 @@ VENV = "peers"
 READS = "HTTP: one streamed GET per shard (fsspec)"
 KEEPS = False  # every epoch from the store
 WRITER = "webdataset.ShardWriter (tar)"
+CAVEAT = (
+    "its shuffle draws from up to `max_buffer_input_shards` shards at once (10 by default since "
+    "datasets 5.0). Restoring that shuffle's state in 2 fresh loader workers raised IndexError in "
+    "`load_state_dict` here (datasets 5.2.0). With 0 workers, or with `shuffle(..., "
+    "max_buffer_input_shards=1)`, it resumes, but the samples that sat in the shuffle buffer are "
+    "lost, as datasets documents. The driver keeps the default."
+)
 
 
 def convert(root, out, shards):
