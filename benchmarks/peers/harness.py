@@ -29,6 +29,7 @@ This module runs in both side environments, so it needs only torch, torchvision,
 ``packdata.images`` (packdata is installed without its dependencies in .venv-mosaic).
 """
 
+import gc
 import importlib
 import importlib.metadata
 import json
@@ -193,6 +194,9 @@ def write_json(path, value):
 def run_epochs(tool, job, rank, world, out):
     epochs = []
     for epoch in range(job["epochs"]):
+        # the last epoch's loader let go now, untimed: some (torchdata.nodes) hold their worker
+        # processes in reference cycles that only the collector ends
+        gc.collect()
         dist.barrier()  # the ranks start each epoch together
         epochs.append(run_epoch(tool, place_for(job, rank, world, epoch)))
     write_json(out / f"rank{rank}.json", {"epochs": epochs})

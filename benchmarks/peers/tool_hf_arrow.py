@@ -36,7 +36,8 @@ def fetch(place):
     """Every file of the dataset, from the store into this rank's folder; that folder."""
     local = Path(place.cache) / f"rank{place.rank}"
     for name in place.files:
-        download(place.url + name, local / name)
+        if not (local / name).exists():  # kept from an earlier epoch
+            download(place.url + name, local / name)
     json.loads((local / "state.json").read_text())  # there and whole
     return local
 

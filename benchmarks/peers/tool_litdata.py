@@ -20,6 +20,12 @@ PACKAGE = "litdata"
 VENV = "peers"
 READS = "HTTP: chunks downloaded whole to a local cache (a GET each, its register_downloader)"
 KEEPS = True  # a local copy read again in epoch 2
+CAVEAT = (
+    "the driver sets `drop_last=False` so that every sample is delivered; the ranks then take "
+    "unequal numbers of batches, which hangs DDP training at its first collective after the "
+    "shorter rank stops. LitData's default with several ranks is `drop_last=True`: equal "
+    "batches, and the samples beyond the shorter share skipped every epoch."
+)
 WRITER = "litdata.optimize (chunks)"
 
 
@@ -68,10 +74,11 @@ def open_loader(place, state=None):
         seed=place.seed,
         drop_last=False,  # its default with several ranks drops samples to even them out
     )
-    dataset.set_epoch(place.epoch + 1)  # LitData counts epochs from 1
     loader = litdata.StreamingDataLoader(
         dataset, batch_size=place.batch, num_workers=place.workers, collate_fn=collate
     )
     if state is not None:
-        loader.load_state_dict(state)
+        loader.load_state_dict(state)  # holds the loader's epoch
+    else:  # the loader counts the epochs and sets the dataset's: its __iter__ adds 1 first
+        loader.current_epoch = place.epoch
     return Batches(loader)

@@ -7,6 +7,7 @@ streaming ships downloaders for cloud stores and SFTP, none for plain HTTP; ``St
 (a GET per file) joins its table of downloaders by URL scheme, so it reads the same store as
 everyone else."""
 
+import functools
 import json
 import os
 import urllib.request
@@ -58,19 +59,25 @@ def collate(items):
     return decode_batch([(item["key"], item["jpg"]) for item in items])
 
 
+@functools.cache
+def rank_loader(url, cache, seed, batch, workers):
+    """One dataset and loader for the rank's process, iterated once each epoch, as streaming
+    expects: a ``StreamingDataset`` counts the epochs itself, from 0 when it is new, so one made
+    anew each epoch would repeat the first epoch's order."""
+    dataset = StreamingDataset(
+        remote=url.rstrip("/"),
+        local=f"{cache}/mosaic",
+        shuffle=True,
+        shuffle_seed=seed,
+        batch_size=batch,
+    )
+    return StreamingDataLoader(dataset, batch_size=batch, num_workers=workers, collate_fn=collate)
+
+
 def open_loader(place, state=None):
     if state is not None:  # after a kill: streaming's own advice, once, before the dataset
         clean_stale_shared_memory()
-    dataset = StreamingDataset(
-        remote=place.url.rstrip("/"),
-        local=f"{place.cache}/mosaic",
-        shuffle=True,
-        shuffle_seed=place.seed,
-        batch_size=place.batch,
-    )
-    loader = StreamingDataLoader(
-        dataset, batch_size=place.batch, num_workers=place.workers, collate_fn=collate
-    )
+    loader = rank_loader(place.url, place.cache, place.seed, place.batch, place.workers)
     if state is not None:
         loader.load_state_dict(state)
     return Batches(loader)

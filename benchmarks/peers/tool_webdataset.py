@@ -17,6 +17,12 @@ VENV = "peers"
 READS = "HTTP: one GET per shard (curl)"
 KEEPS = False  # every epoch from the store
 WRITER = "webdataset.ShardWriter (tar)"
+CAVEAT = (
+    "webdataset 1.0.2 splits the shards over ranks and workers before it shuffles them, so each "
+    "rank read the same shards every epoch, in a new order (lesson 5). It resumes through "
+    "`StatefulDataLoader`, which replays the epoch up to the checkpoint: every batch before it is "
+    "fetched and decoded again, then dropped."
+)
 
 
 def write_tars(root, out, shards):

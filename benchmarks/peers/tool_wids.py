@@ -18,6 +18,10 @@ VENV = "peers"
 READS = "HTTP: shards downloaded whole to a local cache (curl), then read by index"
 KEEPS = True  # a local copy read again in epoch 2
 WRITER = "webdataset.ShardWriter (tar) + index"
+CAVEAT = (
+    "`DistributedChunkedSampler` gives each rank a fixed range of the samples, the same every "
+    "epoch; only the order within it changes."
+)
 
 
 def convert(root, out, shards):
