@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from packdata import engines, shufflebench
-from packdata.course import shuffle_checks
+from packdata.course import twopass_checks
 from packdata.course.feedback import CheckFailed
 from packdata.imagefolder import load_manifest
 from packdata.shardread import iter_shard_samples
@@ -225,24 +225,24 @@ def shuffle_rotated(samples, seed, bucket):
 
 def test_a_bucket_function_that_fails_in_a_fresh_process_is_named():
     with pytest.raises(CheckFailed, match="failed in a fresh Python process.*NameError.*SALT"):
-        shuffle_checks.check_bucket_for(bucket_with_a_salt)
+        twopass_checks.check_bucket_for(bucket_with_a_salt)
     with pytest.raises(CheckFailed, match="cannot read the source.*with def"):
-        shuffle_checks.check_bucket_for(lambda key, seed, buckets: bucket_of(key, seed, buckets))
+        twopass_checks.check_bucket_for(lambda key, seed, buckets: bucket_of(key, seed, buckets))
 
 
 def test_a_bucket_function_runs_in_a_fresh_process_with_what_it_imports(capsys):
-    shuffle_checks.check_bucket_for(bucket_of_imported_function)
+    twopass_checks.check_bucket_for(bucket_of_imported_function)
     assert capsys.readouterr().out.splitlines()[-1].startswith("✓")
 
 
 def test_buckets_uneven_for_another_seed_are_named():
     with pytest.raises(CheckFailed, match="with seed 1, bucket sizes run from 0"):
-        shuffle_checks.check_bucket_for(bucket_doubled_by_the_seed)
+        twopass_checks.check_bucket_for(bucket_doubled_by_the_seed)
 
 
 def test_the_exercise_checks_pass_the_package_s_functions():
-    shuffle_checks.check_bucket_for(bucket_of)
-    shuffle_checks.check_shuffle_bucket(shuffle_bucket)
+    twopass_checks.check_bucket_for(bucket_of)
+    twopass_checks.check_shuffle_bucket(shuffle_bucket)
 
 
 @pytest.mark.parametrize(
@@ -262,4 +262,4 @@ def test_the_exercise_checks_pass_the_package_s_functions():
 )
 def test_the_exercise_checks_name_each_mistake(check, wrong, named):
     with pytest.raises(CheckFailed, match=named):
-        getattr(shuffle_checks, check)(wrong)
+        getattr(twopass_checks, check)(wrong)

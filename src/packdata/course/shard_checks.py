@@ -1,6 +1,6 @@
 """Checks of lesson 4: samples shuffled before they are cut into shards, shards split over ranks
-and workers, a shuffle buffer, and the learner's streaming dataset, each audited for every sample
-exactly once per epoch.
+and workers, a shuffle buffer, and the learner's streaming dataset, each checked for every sample
+exactly once.
 """
 
 from collections import Counter

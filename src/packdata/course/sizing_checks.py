@@ -1,5 +1,5 @@
-"""Checks of lesson 6 that decide from numbers: samples per shard from the cost model, staging
-against streaming, and the steps every rank can take.
+"""Checks of lesson 6 that decide from numbers: staging against streaming, samples per shard
+from the cost model, and the steps every rank can take.
 """
 
 import math
