@@ -20,13 +20,13 @@ PACKAGE = "litdata"
 VENV = "peers"
 READS = "HTTP: chunks downloaded whole to a local cache (a GET each, its register_downloader)"
 KEEPS = True  # a local copy read again in epoch 2
+WRITER = "litdata.optimize (chunks)"
 CAVEAT = (
     "the driver sets `drop_last=False` so that every sample is delivered; the ranks then take "
     "unequal numbers of batches, which hangs DDP training at its first collective after the "
     "shorter rank stops. LitData's default with several ranks is `drop_last=True`: equal "
     "batches, and the samples beyond the shorter share skipped every epoch."
 )
-WRITER = "litdata.optimize (chunks)"
 
 
 class StoreDownloader(Downloader):
