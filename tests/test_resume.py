@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from packdata import preemption
-from packdata.resume import loader_states, rest_of_epoch
+from packdata.layout import keys_digest, member_keys
+from packdata.resume import ShardChanged, loader_states, rest_of_epoch
 from packdata.shardwrite import write_shards as write_image_shards
 from packdata.streaming import ShardDataset
 
@@ -123,20 +124,78 @@ def test_a_state_of_another_dataset_or_layout_is_refused(urls):
         data.load_state_dict({"epoch": 0})
 
 
-def test_shards_rewritten_since_the_state_are_named_when_the_buffer_is_replayed(tmp_path):
+def rewrite(urls, change):
+    """Rewrite each shard under its name with ``change(members)`` of its ``(TarInfo, bytes)``."""
+    for url in urls:
+        with tarfile.open(url) as tar:
+            members = [(info, tar.extractfile(info).read()) for info in tar.getmembers()]
+        with tarfile.open(url, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for info, payload in change(members):
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+
+
+def grown(members):
+    """Two new samples first, then the shard's own."""
+    return [(tarfile.TarInfo(f"new{number}.cls"), b"0") for number in range(2)] + members
+
+
+CHANGES = {
+    "grown": grown,
+    "cut to its first sample": lambda members: members[:1],
+    "reordered": lambda members: members[::-1],
+}
+
+
+def digest_of(url):
+    """The digest of a shard's sample keys, from Python's own tar reader."""
+    with tarfile.open(url) as tar:
+        return keys_digest(member_keys(tar.getnames()))
+
+
+def checkpoint_after(data, samples=8):
+    """``data``'s state, through JSON, after ``samples`` samples: the buffer holds some of the
+    first shards' samples then."""
+    stream = data.iterate()
+    for _ in range(samples):
+        next(stream)
+    return json.loads(json.dumps(data.state_dict()))
+
+
+@pytest.mark.parametrize("change", CHANGES)
+@pytest.mark.parametrize("other_layout", [False, True])
+def test_a_shard_rewritten_since_the_state_is_named_on_the_resume(tmp_path, change, other_layout):
+    # the places the state counts would hold other samples: some would come twice, some never
     urls = write_shards(tmp_path / "shards")
     data = dataset(urls)
-    samples = data.iterate()
-    for _ in range(8):  # the buffer now holds samples of the first shards
-        next(samples)
-    state = data.state_dict()
-    for url in urls:  # each shard rewritten with its first sample only, under the same name
-        with tarfile.open(url) as tar:
-            first = tar.getmembers()[0]
-            payload = tar.extractfile(first).read()
-        with tarfile.open(url, "w", format=tarfile.USTAR_FORMAT) as tar:
-            tar.addfile(first, io.BytesIO(payload))
+    state = checkpoint_after(data)
+    opened = data.epoch_order()[: len(state["read"])]  # one rank, one worker: every shard
+    assert state["shards"] == [digest_of(url) for url in opened]
+    if other_layout:  # the rest of the epoch, for two workers
+        state = rest_of_epoch(dataset(urls), [state])
+    rewrite(urls, CHANGES[change])
     resumed = dataset(urls)
+    resumed.load_state_dict(state)
+    workers = 2 if other_layout else 1
+    with pytest.raises(
+        ShardChanged, match=r"tiny-\d\d\.tar holds other samples than when the state was saved"
+    ):
+        for worker in range(workers):
+            list(resumed.iterate(worker, workers))
+
+
+def without_labels(members):
+    """Every sample's ``.cls`` member renamed ``.txt``."""
+    for info, _ in members:
+        info.name = info.name.replace(".cls", ".txt")
+    return members
+
+
+def test_held_samples_gone_from_a_shard_of_the_same_keys_are_named(tmp_path):
+    urls = write_shards(tmp_path / "shards")
+    state = checkpoint_after(dataset(urls, errors="skip"))
+    rewrite(urls, without_labels)  # the same keys: the samples are there, their labels not
+    resumed = dataset(urls, errors="skip")
     resumed.load_state_dict(state)
     with pytest.raises(
         ValueError, match=r"no longer in their shards \(.*tiny-\d\d\.tar.*rewritten"

@@ -8,7 +8,9 @@ shard writer (``shardwrite``) and every reader (``shardread``, ``streaming``, th
 ``datasets``) share these rules.
 """
 
+import hashlib
 from collections import Counter
+from itertools import groupby
 from pathlib import Path
 
 from braceexpand import braceexpand
@@ -95,6 +97,18 @@ def group_samples(members, shard, report):
         sample[extension] = data
     if keep:
         yield sample
+
+
+def member_keys(names):
+    """The sample keys of member ``names`` (in order), as ``group_samples`` groups them."""
+    keys = (split_member(name)[0] for name in names if not is_meta(name))
+    return [key.encode("utf-8", "surrogateescape") for key, _ in groupby(keys)]
+
+
+def keys_digest(keys):
+    """A short digest of a shard's sample ``keys`` (``bytes``, in order): what a saved state
+    counted samples in, told apart from a shard rewritten since."""
+    return hashlib.blake2b(b"\n".join(keys), digest_size=8).hexdigest()
 
 
 def raise_now(error, shard=None):

@@ -30,13 +30,13 @@ from .tario import BLOCK, ZERO_BLOCK, pread_exactly
 WINDOW = 2048
 
 
-def member_tuples(path, keys):
+def member_tuples(path, keys, seen=None):
     """An iterator over the ``keys`` tuples of the plain local shard at ``path``, each large member
     read when its sample is taken; None when the shard needs the mapped path. The file stays open
-    until the iterator is exhausted or dropped."""
+    until the iterator is exhausted or dropped. ``seen``: see ``plaingroup.grouped_tuples``."""
     file = open(path, "rb", buffering=0)  # noqa: SIM115 (the iterator closes it)
     try:
-        tuples = _tuples(file.fileno(), path, keys)
+        tuples = _tuples(file.fileno(), path, keys, seen)
     except BaseException:
         file.close()
         raise
@@ -53,7 +53,7 @@ def _closing(tuples, file):
         yield from tuples
 
 
-def _tuples(descriptor, path, keys):
+def _tuples(descriptor, path, keys, seen):
     walked = walk_headers(descriptor, os.fstat(descriptor).st_size)
     if walked is None:
         return None
@@ -71,7 +71,7 @@ def _tuples(descriptor, path, keys):
         spans = sizes[position::width], starts[position::width], names[position::width]
         return _read(descriptor, path, held, *spans)
 
-    return grouped_tuples(names, path, keys, members)
+    return grouped_tuples(names, path, keys, members, seen)
 
 
 def _read(descriptor, path, held, sizes, starts, names):

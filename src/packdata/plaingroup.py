@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .layout import keys_digest
 from .tarscan import scan_plain
 
 
@@ -23,9 +24,9 @@ class PlainLayout(NamedTuple):
     extensions: list  # the extensions of one sample's members, in order
 
 
-def plain_tuples(data, shard, keys):
+def plain_tuples(data, shard, keys, seen=None):
     """An iterator over the ``keys`` tuples of one shard's samples straight from the vectorised
-    scan, or None when the shard needs the general path.
+    scan, or None when the shard needs the general path (``seen``: see ``grouped_tuples``).
 
     Each member is sliced out of ``data`` only when its sample is taken: a copy that the consumer
     drops at once reuses the memory of the one before, where slicing a whole shard up front would
@@ -41,17 +42,20 @@ def plain_tuples(data, shard, keys):
         ends = begin + sizes[position::width]
         return map(data.__getitem__, map(slice, begin.tolist(), ends.tolist()))
 
-    return grouped_tuples(names, shard, keys, members)
+    return grouped_tuples(names, shard, keys, members, seen)
 
 
-def grouped_tuples(names, shard, keys, members):
+def grouped_tuples(names, shard, keys, members, seen=None):
     """``zip`` of one column per key of ``keys``, the samples of a shard whose member ``names`` (a
     fixed-width bytes array, in order) are plain; None when they are not, or a key is not among the
     members. ``members(position, width)`` iterates over the bytes of members ``position``,
-    ``position + width``, ... in order, fetching each as it is taken."""
+    ``position + width``, ... in order, fetching each as it is taken. ``seen(digest)``, when
+    given, hears the ``layout.keys_digest`` of the samples' keys before any sample comes."""
     layout = plain_layout(names)
     if layout is None or not set(keys) <= {"__key__", "__url__", *layout.extensions}:
         return None
+    if seen is not None:
+        seen(keys_digest(layout.keys.tolist()))
     columns = []
     for key in keys:
         if key == "__key__":

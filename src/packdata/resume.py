@@ -7,12 +7,15 @@ What a worker's state holds
     shuffle buffer hands them on, so two counts say where it is::
 
         {"epoch": 3, "dataset": "7 shards 9f2c41d0, seed 0, shuffled, buffer 8, keys __key__ cls",
-         "rest": null, "layout": [0, 2, 1, 2], "read": [9, 9, 4], "yielded": 14, "done": false}
+         "rest": null, "layout": [0, 2, 1, 2], "read": [9, 9, 4],
+         "shards": ["3f0a9c1e52d87b64", "c41d0e2a9b7f3856", "07be5a3c1d9e4f28"], "yielded": 14,
+         "done": false}
 
     ``read``: samples taken in from each of the worker's shards so far (the last one may be under
-    way); ``yielded``: samples its buffer handed on, before decoding and batching (a sample that
-    fails to decode and is skipped counts too); ``done``: the worker finished its part. ``rest`` is
-    null for a whole epoch (for the rest of one, see below).
+    way); ``shards``: a digest of each of those shards' sample keys in order, taken as it was read
+    (``layout.keys_digest``); ``yielded``: samples its buffer handed on, before decoding and
+    batching (a sample that fails to decode and is skipped counts too); ``done``: the worker
+    finished its part. ``rest`` is null for a whole epoch (for the rest of one, see below).
     ``StatefulDataLoader`` asks each worker for its state along with each batch it snapshots, and
     keeps the state of the batches the loop has received: prefetched batches do not count.
 
@@ -42,6 +45,11 @@ Another layout: the rest of the epoch
     rests and nothing is left out. States taken during a rest carry it along, so a second kill
     resumes the same way, with the same layout or yet another one.
 
+A shard read again on a resume (the one under way, and those the buffer held samples of) must hold
+the samples the state counted, in the same order, or the resume stops with ``ShardChanged`` naming
+it: a shard rewritten in between (samples added, removed or reordered) would shift the places the
+state counts, and some samples would come twice or not at all.
+
 Exactly once is counted against the checkpoint: what workers handed on after the last saved state
 (batches received after the last checkpoint, before the kill) comes again after the restart, which
 is what a training job restarted from that checkpoint needs.
@@ -64,15 +72,17 @@ from .httpclient import file_name
 class Rest(NamedTuple):
     """The samples a shard still has to deliver this epoch, numbered by their place in the shard:
     those in ``pending`` (taken in earlier, still in a buffer then; all before ``start``) and those
-    from ``start`` up to ``stop`` (None: the shard's end)."""
+    from ``start`` up to ``stop`` (None: the shard's end). ``digest``: the shard's sample keys'
+    digest when those numbers were counted (None: it was not read yet)."""
 
     pending: tuple = ()
     start: int = 0
     stop: int | None = None
+    digest: str | None = None
 
     def kept(self, samples):
         """The samples of a shard's ``samples`` (all of them, in order) that are left."""
-        return samples if self == ALL else self._kept(samples)
+        return samples if self._replace(digest=None) == ALL else self._kept(samples)
 
     def _kept(self, samples):
         pending = set(self.pending)
@@ -103,13 +113,13 @@ class Rest(NamedTuple):
         held = len(self.pending)
         if taken <= held:
             return self._replace(pending=self.pending[taken:])
-        return Rest((), self.start + taken - held, self.stop)
+        return self._replace(pending=(), start=self.start + taken - held)
 
     def first(self, number):
         """Only the first ``number`` samples left (a quota)."""
         held = len(self.pending)
         if number <= held:
-            return Rest(self.pending[:number], self.start, self.start)
+            return self._replace(pending=self.pending[:number], stop=self.start)
         stop = self.start + number - held
         return self._replace(stop=stop if self.stop is None else min(self.stop, stop))
 
@@ -138,7 +148,10 @@ class EpochRest(NamedTuple):
     def to_json(self):
         if not self.generation:
             return None
-        rows = [[index, *rest[1:], list(rest.pending)] for index, rest in self.shards.items()]
+        rows = [
+            [index, rest.start, rest.stop, list(rest.pending), rest.digest]
+            for index, rest in self.shards.items()
+        ]
         return {"generation": self.generation, "shards": sorted(rows)}
 
     @classmethod
@@ -146,7 +159,7 @@ class EpochRest(NamedTuple):
         if saved is None:
             return WHOLE
         rows = saved["shards"]
-        return cls(saved["generation"], {i: Rest(tuple(p), a, b) for i, a, b, p in rows})
+        return cls(saved["generation"], {i: Rest(tuple(p), a, b, d) for i, a, b, p, d in rows})
 
 
 WHOLE = EpochRest()
@@ -169,8 +182,8 @@ def fingerprint(shards, seed, shuffle, buffer_size, keys, equalize):
     """What must not change between a state and the dataset it is loaded into, in words. Shards
     count by file name, so data served from another host or port (a restarted store), or through
     URLs presigned anew, still fits. Their contents do not count: a shard rewritten under its name
-    between the save and the resume is noticed only when the buffer's samples are missing from it
-    (``_read_held``): leave a run's shards as they are until the run is over."""
+    between the save and the resume is noticed when it is read again (``Progress.opened``, by its
+    sample keys): leave a run's shards as they are until the run is over."""
     names = hashlib.sha1("\n".join(map(file_name, shards)).encode()).hexdigest()
     order = "shuffled" if shuffle else "in order"
     equal = ", equalized" if equalize else ""
@@ -183,14 +196,19 @@ def fingerprint(shards, seed, shuffle, buffer_size, keys, equalize):
 # --- one worker's place ---------------------------------------------------------------------------
 
 
+class ShardChanged(ValueError):
+    """A shard read again on a resume is not the one the state counted samples in."""
+
+
 class Progress:
     """How far one worker is through its part of an epoch (or of an epoch's rest): how many
-    samples it took in from each of its shards (``read``), how many its buffer handed on
-    (``yielded``)."""
+    samples it took in from each of its shards (``read``) and which samples those held
+    (``shards``, their keys' digests), how many its buffer handed on (``yielded``)."""
 
-    def __init__(self, epoch, rest, layout, read=(), yielded=0, done=False):
+    def __init__(self, epoch, rest, layout, read=(), shards=(), yielded=0, done=False):
         self.epoch, self.rest, self.layout = epoch, rest, layout
-        self.read, self.yielded, self.done = list(read), yielded, done
+        self.read, self.shards = list(read), list(shards)
+        self.yielded, self.done = yielded, done
 
     def state(self, dataset):
         """The JSON-able state (see the module's description)."""
@@ -200,6 +218,7 @@ class Progress:
             "rest": self.rest.to_json(),
             "layout": list(self.layout),
             "read": list(self.read),
+            "shards": list(self.shards),
             "yielded": self.yielded,
             "done": self.done,
         }
@@ -210,7 +229,23 @@ class Progress:
         for index in range(max(len(self.read) - 1, 0), shards):
             if index == len(self.read):
                 self.read.append(0)
+                self.shards.append(None)
             yield index, self.read[index]
+
+    def opened(self, index, shard, rest, digest):
+        """Note the ``digest`` of the sample keys of the worker's shard ``index`` (``shard``, whose
+        ``rest`` is left) as it is read; refuse the shard when a state counted other samples in
+        it."""
+        counted = self.shards[index] if self.shards[index] is not None else rest.digest
+        if counted is not None and counted != digest:
+            raise ShardChanged(
+                f"{shard} holds other samples than when the state was saved (the digest of its "
+                f"sample keys was {counted}, it is {digest} now): it was rewritten since, so the "
+                "samples the state counts in it are no "
+                "longer where they were. Resume with the shards the run started with, or start "
+                "the epoch afresh"
+            )
+        self.shards[index] = digest
 
     def counted(self, index, samples):
         """``samples`` of shard ``index``, each counted in ``read`` as it is taken in."""
@@ -247,7 +282,15 @@ def progress_from(state, layout):
             "resumes the same layout only. To resume with other ranks or workers, merge the states "
             "of every rank's workers with packdata.resume.rest_of_epoch and load that"
         )
-    return Progress(state["epoch"], rest, layout, state["read"], state["yielded"], state["done"])
+    return Progress(
+        state["epoch"],
+        rest,
+        layout,
+        state["read"],
+        state["shards"],
+        state["yielded"],
+        state["done"],
+    )
 
 
 def starting(loaded, epoch, layout):
@@ -433,6 +476,8 @@ def _left_by(dataset, state, layout, shards, quota):
         if index < len(read):
             rest = rest.after(read[index])
             rest = rest.done() if index < len(read) - 1 else rest
+            digest = progress.shards[index]  # None: the shard had nothing left to read
+            rest = rest if digest is None else rest._replace(digest=digest)
         if budget is not None:
             rest = rest.first(budget)
             budget -= rest.count(sizes[shard])

@@ -33,7 +33,15 @@ from .compression import CompressionError
 from .fields import decode_field, image_field
 from .httpclient import is_url
 from .images import IMAGE_FIELDS, check_decoder
-from .layout import ShardError, expand_shards, group_samples, is_meta, raise_now
+from .layout import (
+    ShardError,
+    expand_shards,
+    group_samples,
+    is_meta,
+    keys_digest,
+    member_keys,
+    raise_now,
+)
 from .memberread import member_tuples
 from .plaingroup import plain_tuples
 from .readahead import ReadAhead
@@ -85,8 +93,19 @@ def read_tuples(shards, keys, report, progress, read=None):
     shard: two shards alive at once would send the memory of one back to the system after every
     shard, and the next read would pay a page fault per 4 KiB to get it back."""
     return chain.from_iterable(
-        progress.counted(index, islice(left_tuples(*shards[index], keys, report, read), skip, None))
+        progress.counted(
+            index, islice(measured_tuples(progress, index, shards, keys, report, read), skip, None)
+        )
         for index, skip in progress.todo(len(shards))
+    )
+
+
+def measured_tuples(progress, index, shards, keys, report, read=None):
+    """``left_tuples`` of the worker's shard ``index``, its samples checked against ``progress``
+    (``Progress.opened``) before any of them comes."""
+    shard, rest = shards[index]
+    return left_tuples(
+        shard, rest, keys, report, read, partial(progress.opened, index, shard, rest)
     )
 
 
@@ -106,23 +125,26 @@ def closing(samples, reads):
         reads.close()
 
 
-def left_tuples(shard, rest, keys, report, read=None):
+def left_tuples(shard, rest, keys, report, read=None, seen=None):
     """The ``keys`` tuples of the samples ``rest`` leaves of ``shard``, the fast way when the shard
     allows it; a shard with nothing left is not read."""
-    return iter(()) if rest.is_empty() else rest.kept(shard_tuples(shard, keys, report, read))
+    if rest.is_empty():
+        return iter(())
+    return rest.kept(shard_tuples(shard, keys, report, read, seen))
 
 
-def shard_tuples(shard, keys, report, read=None):
+def shard_tuples(shard, keys, report, read=None, seen=None):
     """An iterator over the ``keys`` tuples of one shard's samples, its bytes from ``read(shard)``.
     With no ``read`` the shard is read where it lies: a local plain shard of large members member
     by member (``memberread``), its members copied once and the file not mapped; any other whole
     (``shardread.read_shard``: mapped, or one GET). A shard that cannot be read
     at all (missing, not a tar, HTTP error) goes to ``report`` as one problem with the shard, and
     yields nothing; a shard damaged part-way (cut short, a corrupt header) yields the samples before
-    the damage, then goes to ``report`` as a ``DamagedShard``."""
+    the damage, then goes to ``report`` as a ``DamagedShard``. ``seen(digest)``, when given, hears
+    the ``layout.keys_digest`` of the shard's sample keys before any sample comes."""
     try:
         if read is None:
-            by_member = None if is_url(shard) else member_tuples(shard, keys)
+            by_member = None if is_url(shard) else member_tuples(shard, keys, seen)
             if by_member is not None:
                 return _until_damage(by_member, shard, report)
             read = read_shard
@@ -131,12 +153,14 @@ def shard_tuples(shard, keys, report, read=None):
         report(error, shard=shard)
         return iter(())
     try:
-        plain = plain_tuples(data, shard, keys)
+        plain = plain_tuples(data, shard, keys, seen)
     except TarFormatError:
         plain = None  # a bad header: the general walk finds where, and keeps what comes before
     if plain is not None:
         return plain
     members, damage = scan_readable(data, shard)
+    if seen is not None:
+        seen(keys_digest(member_keys(name for name, _, _ in members)))
     named = [(name, data[s : s + n]) for name, s, n in members if not is_meta(name)]
     samples = to_tuple(group_samples(named, shard, report), keys, report)
     return samples if damage is None else _then_damage(samples, damage, shard, report)
@@ -513,7 +537,7 @@ class ShardDataset(IterableDataset):
             read_tuples(shards, keys, report, progress, reads),
             quota,
             partial(self.shuffled, epoch=progress.epoch, rest=progress.rest, layout=layout),
-            lambda index: left_tuples(*shards[index], keys, quiet, self._read_again()),
+            lambda index: measured_tuples(progress, index, shards, keys, quiet, self._read_again()),
             [shard for shard, _ in shards],
         )
         if reads is not None:
