@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
+from torchvision.transforms import v2
 
 from packdata.streaming import ShardDataset
 from packdata.system import pick_device
@@ -60,6 +61,12 @@ def parse_args(argv=None):
         "--classes", type=int, default=10, help="number of classes the model tells apart"
     )
     parser.add_argument(
+        "--size",
+        type=int,
+        help="crop every image to SIZE×SIZE pixels (random crops for training, the centre for "
+        "the test), as images of different sizes need; default: as they are, all of one size",
+    )
+    parser.add_argument(
         "--report", type=Path, help="folder for one JSON per rank: its steps and sample keys"
     )
     return parser.parse_args(argv)
@@ -75,6 +82,14 @@ def ddp_device():
     return torch.device("cpu")
 
 
+def transforms(size):
+    """``(training, test)`` transforms to ``size``×``size`` pixels; None: images as they are."""
+    if size is None:
+        return None, None
+    test = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size)])
+    return v2.RandomResizedCrop(size, antialias=True), test
+
+
 def main(argv=None):
     args = parse_args(argv)
     device = ddp_device()
@@ -86,7 +101,10 @@ def main(argv=None):
     torch.set_num_threads(1)  # the ranks share the cores; don't let each try to use them all
     # the same initial weights on every rank (DDP also broadcasts rank 0's)
     torch.manual_seed(args.seed)
+    training, test_transform = transforms(args.size)
 
+    # each worker batches its own samples (as a DataLoader would), and names an image of another
+    # size than its batch's first
     dataset = ShardDataset(
         args.shards,
         rank=rank,
@@ -94,6 +112,8 @@ def main(argv=None):
         seed=args.seed,
         buffer_size=args.buffer,
         keys=("jpg", "cls", "__key__"),
+        transform=training,
+        batch_size=args.batch_size,
         equalize=True,
     )
     model = DistributedDataParallel(SmallCNN(args.classes).to(device))
@@ -109,13 +129,13 @@ def main(argv=None):
     for epoch in range(args.epochs):
         dataset.set_epoch(epoch)
         keys.append([])
-        loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
+        loader = DataLoader(dataset, batch_size=None, num_workers=args.workers)
         steps = common_steps(len(dataset), args.batch_size)
         loss, seen = train_epoch(model, images_and_labels(loader), optimizer, device, steps)
         steps_run.append(steps)
         say(
-            f"rank {rank}: epoch {epoch + 1}: {steps} steps, {seen} samples from "
-            f"{len(dataset.shards_for())} shards, loss {loss:.3f}"
+            f"rank {rank}: epoch {epoch + 1}: {steps} steps, {seen} of its {len(dataset)} samples "
+            f"from {len(dataset.shards_for())} shards, loss {loss:.3f}"
         )
     if args.report:
         args.report.mkdir(parents=True, exist_ok=True)
@@ -123,8 +143,10 @@ def main(argv=None):
         (args.report / f"rank-{rank}.json").write_text(json.dumps(report))
     dist.barrier()
     if rank == 0:
-        test = ShardDataset(args.test, rank=0, world_size=1, shuffle=False)
-        accuracy = evaluate(model.module, DataLoader(test, batch_size=256), device)
+        test = ShardDataset(
+            args.test, rank=0, world_size=1, shuffle=False, transform=test_transform, batch_size=256
+        )
+        accuracy = evaluate(model.module, DataLoader(test, batch_size=None), device)
         say(
             f"rank 0: test accuracy {accuracy:.1%} on {len(test)} samples after {args.epochs} "
             "epochs on "

@@ -75,3 +75,28 @@ def _png16():
     buffer = io.BytesIO()
     Image.fromarray(np.full((2, 2), 40000, np.uint16)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def test_a_truncated_jpeg_is_named_when_exported_not_when_trained_on(tmp_path):
+    folder = tmp_path / "src" / "c"
+    folder.mkdir(parents=True)
+    whole = save(Image.effect_noise((64, 64), 60).convert("RGB"), folder / "a.jpg", quality=95)
+    (folder / "b.jpg").write_bytes(whole.read_bytes()[:-400])  # opens, fails to decode
+    with pytest.raises(ValueError, match=r"b\.jpg is not an image that PIL can read: .*truncated"):
+        export_image_folder(tmp_path / "src", tmp_path / "out", progress=False)
+
+
+def test_files_that_are_no_images_are_left_out_with_a_warning(tmp_path):
+    folder = tmp_path / "src" / "c"
+    folder.mkdir(parents=True)
+    save(Image.new("RGB", (8, 8), "green"), folder / "x.jpg")
+    (folder / "Thumbs.db").write_bytes(b"\0" * 16)
+    (folder / "notes.txt").write_text("taken in May")
+    with pytest.warns(UserWarning, match=r"left out 2 file\(s\) .*c/Thumbs\.db, c/notes\.txt"):
+        root = export_image_folder(tmp_path / "src", tmp_path / "out", progress=False)
+    assert len(load_manifest(root)["samples"]) == 1
+
+
+def test_a_folder_without_a_manifest_points_to_export(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"run 'packdata export FOLDER .*' first"):
+        load_manifest(tmp_path)

@@ -1,6 +1,7 @@
 """Writing shards (from the folder or a torchvision dataset, by count and size, in parallel,
 atomically), splitting and concatenating them, and the ``packdata shards`` verbs."""
 
+import shutil
 import tarfile
 from concurrent.futures import ProcessPoolExecutor
 
@@ -320,6 +321,28 @@ def test_cli_split_and_cat(tiny_dataset, written, tmp_path, capsys):
     )
 
 
+def test_cli_writes_a_dataset_folder_as_shards(tiny_dataset, written, tmp_path, capsys):
+    code, out, _ = run(
+        capsys, "write", str(tiny_dataset), str(tmp_path / "out"), "--maxcount", "25", "-p", "2"
+    )
+    assert code == 0 and [line.split("\t")[1] for line in out.splitlines()] == [
+        "25 samples",
+        "25 samples",
+        "10 samples",
+    ]
+    again = write_shards(tiny_dataset, tmp_path / "python", maxcount=25, progress=False)
+    assert samples_of(sorted((tmp_path / "out").glob("*.tar"))) == samples_of(
+        info.path for info in again
+    )
+
+
+def test_cli_write_from_a_folder_without_a_manifest_points_to_export(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(capsys, "write", str(tmp_path), str(tmp_path / "out"))
+    assert exit_info.value.code == 2
+    assert f"run 'packdata export FOLDER {tmp_path}' first" in capsys.readouterr().err
+
+
 def test_cli_errors_are_one_line_naming_the_shard(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run(capsys, "list", str(tmp_path / "nothere.tar"))
@@ -344,3 +367,14 @@ def test_cli_names_a_tar_with_a_negative_member_size(tmp_path, capsys):
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.count("\n") == 1
         assert f"{path}: member 'a.jpg' at offset 1024 has a negative size (-512)" in err
+
+
+def test_an_image_that_cannot_be_resized_is_named_by_key_and_file(tiny_dataset, tmp_path):
+    copy = shutil.copytree(tiny_dataset, tmp_path / "copy")
+    sample = imagefolder.load_manifest(copy)["samples"][3]
+    path = copy / sample["path"]
+    path.write_bytes(path.read_bytes()[:-100])  # cut short, as a copy that stopped half-way
+    with pytest.raises(
+        ValueError, match=rf"sample '{sample['key']}' \(.*{path.name}\): .*truncated"
+    ):
+        write_shards(copy, tmp_path / "out", resize=8, progress=False)

@@ -552,7 +552,15 @@ def bad_shards(tmp_path, urls, jpeg, write_tar):
                 tmp_path / "nolabel.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg)]
             ),
             ShardError,
-            r"nolabel\.tar: sample 'b' has no '\.cls' member",
+            r"nolabel\.tar: sample 'b' has no '\.cls' member .*missing its label",
+        ),
+        "no image": (
+            write_tar(
+                tmp_path / "noimage.tar",
+                [("a.jpg", jpeg), ("a.cls", b"1"), ("Thumbs.db", b"\0" * 8)],
+            ),
+            ShardError,
+            r"noimage\.tar: sample 'Thumbs' has no '\.jpg' member \(it has: db\); a file that is",
         ),
         "duplicate key": (
             write_tar(
@@ -591,6 +599,7 @@ def bad_shards(tmp_path, urls, jpeg, write_tar):
     [
         "truncated",
         "missing label",
+        "no image",
         "duplicate key",
         "duplicate member",
         "missing file",
@@ -600,7 +609,7 @@ def bad_shards(tmp_path, urls, jpeg, write_tar):
 def test_bad_input_raises_an_error_naming_the_shard(bad_shards, case):
     shard, error, message = bad_shards[case]
     with pytest.raises(error, match=message):
-        list(ShardDataset([shard], decode=case == "not an image"))
+        list(ShardDataset([shard], decode=case in ("not an image", "no image")))
 
 
 @pytest.mark.parametrize(

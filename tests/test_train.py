@@ -1,13 +1,16 @@
 """The training helpers, and scripts/train.py under torchrun: ranks split the shards and run the
 same steps."""
 
+import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from packdata import shardread, shardwrite
@@ -108,3 +111,37 @@ def test_torchrun_splits_shards_per_rank_with_equal_steps(shard_paths, tmp_path)
         assert not set(seen[0]) & set(seen[1])  # no sample trained on by both ranks
         shards_of = [{keys_by_shard[key] for key in keys} for keys in seen]
         assert not shards_of[0] & shards_of[1]  # each shard read by one rank only
+
+
+@pytest.fixture(scope="module")
+def mixed_sizes(write_tar, tmp_path_factory):
+    """Three shards of 8 photos each, half of them landscape and half portrait, labels 0 and 1."""
+    folder = tmp_path_factory.mktemp("mixed")
+    paths = []
+    for shard in range(3):
+        members = []
+        for number in range(8):
+            size = (40, 30) if number % 2 else (30, 40)
+            encoded = io.BytesIO()
+            Image.new("RGB", size, (60 * shard, 30 * number, 90)).save(encoded, "JPEG")
+            key = f"s{shard}n{number}"
+            members += [(f"{key}.jpg", encoded.getvalue()), (f"{key}.cls", b"%d" % (number % 2))]
+        paths.append(write_tar(folder / f"mixed-{shard}.tar", members))
+    return paths
+
+
+def torchrun_train(shards, *options):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node=2", str(SCRIPT), *shards[:2], "--test", shards[2]]
+    command += ["--epochs", "1", "--batch-size", "4", "--classes", "2", *options]
+    return run_torchrun(command, timeout=120)
+
+
+def test_images_of_mixed_sizes_are_named_and_cropped_with_size(mixed_sizes):
+    without = torchrun_train(mixed_sizes)
+    assert without.returncode != 0
+    assert re.search(r"sample 's\dn\d' has an image of shape .* resize them", without.stderr)
+    cropped = torchrun_train(mixed_sizes, "--size", "24")
+    assert cropped.returncode == 0, cropped.stdout + cropped.stderr
+    assert re.search(r"rank 0: epoch 1: 2 steps, 8 of its 8 samples", cropped.stdout)
+    assert "rank 0: test accuracy" in cropped.stdout

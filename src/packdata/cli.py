@@ -64,7 +64,7 @@ def _schedule(args):
 
 
 def _shards(args):
-    from . import layout, shardread, shardwrite
+    from . import layout, shardread
 
     if args.action == "list":
         for shard in layout.expand_shards(args.shards):
@@ -79,19 +79,22 @@ def _shards(args):
         for path, samples in _map(args):
             print(f"{path}\t{samples} samples")
     else:
-        written = (
-            shardwrite.split_tar(
-                args.shards[0],
-                args.out_dir,
-                prefix=args.prefix,
-                maxcount=args.maxcount,
-                maxsize=args.maxsize,
-            )
-            if args.action == "split"
-            else [shardwrite.cat_shards(args.shards, args.output)]
-        )
-        for info in written:
+        for info in _written(args):
             print(f"{info.path}\t{info.samples} samples\t{info.bytes:,} bytes")
+
+
+def _written(args):
+    """The shards the ``write``, ``split`` or ``cat`` action writes."""
+    from . import shardwrite
+
+    if args.action == "cat":
+        return [shardwrite.cat_shards(args.shards, args.output)]
+    sizes = {"prefix": args.prefix, "maxcount": args.maxcount, "maxsize": args.maxsize}
+    if args.action == "write":
+        return shardwrite.write_shards(
+            args.source, args.out_dir, resize=args.resize, processes=args.processes, **sizes
+        )
+    return shardwrite.split_tar(args.shards[0], args.out_dir, **sizes)
 
 
 def import_function(spec):
@@ -207,17 +210,30 @@ def add_shards(verbs):
     q = actions.add_parser("show", help="print the first samples: key, members, label")
     q.add_argument("shards", nargs="+")
     q.add_argument("-n", "--count", type=int, default=5)
+    q = actions.add_parser(
+        "write",
+        help="write a dataset folder (from 'packdata export' or make-data) as shards, its samples "
+        "shuffled first",
+    )
+    q.add_argument("source", type=Path, help="the dataset folder, with its manifest.json")
+    add_shard_sizes(q)
+    q.add_argument("--resize", type=int, help="resize every image to RESIZE×RESIZE pixels")
+    q.add_argument("-p", "--processes", type=int, default=1, help="processes that encode")
     q = actions.add_parser("split", help="split one tar into shards, samples kept whole")
     q.add_argument("shards", nargs=1, metavar="tar")
-    q.add_argument("out_dir", type=Path)
-    q.add_argument("--prefix", default="train")
-    q.add_argument("--maxcount", type=int, default=1000, help="samples per shard at most")
-    q.add_argument("--maxsize", type=float, default=None, help="bytes per shard at most")
+    add_shard_sizes(q)
     q = actions.add_parser("cat", help="concatenate shards into one tar")
     q.add_argument("shards", nargs="+")
     q.add_argument("-o", "--output", type=Path, required=True)
     add_shards_map(actions)
     p.set_defaults(run=_shards)
+
+
+def add_shard_sizes(parser):
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--prefix", default="train")
+    parser.add_argument("--maxcount", type=int, default=1000, help="samples per shard at most")
+    parser.add_argument("--maxsize", type=float, default=None, help="bytes per shard at most")
 
 
 def add_shards_map(actions):

@@ -37,10 +37,12 @@ def _folder_names(classes):
 def _jpeg_bytes(path, changes):
     """The file's bytes if it is a JPEG that every decoder reads as it looks (RGB or grey, upright),
     else the image made RGB (``images.as_rgb``) and encoded as a JPEG; what changed is counted in
-    ``changes``."""
+    ``changes``. Every image is decoded whole once, so a truncated one fails here, named, and not
+    in a training job."""
     data = path.read_bytes()
     try:
         with Image.open(io.BytesIO(data)) as image:
+            image.load()
             upright = image.getexif().get(ORIENTATION, 1) == 1
             if image.format == "JPEG" and image.mode in ("RGB", "L") and upright:
                 return data
@@ -49,6 +51,18 @@ def _jpeg_bytes(path, changes):
             return encode_jpeg(rgb)
     except OSError as err:  # unidentified or truncated
         raise ValueError(f"{path} is not an image that PIL can read: {err}") from err
+
+
+def report_left_out(source, others):
+    """Say, in one warning, which files of ``source`` were no images (by their extension)."""
+    if others:
+        names = ", ".join(str(path.relative_to(source)) for path in others[:5])
+        more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+        warnings.warn(
+            f"exporting {source}: left out {len(others)} file(s) that are no images PIL reads: "
+            f"{names}{more}",
+            stacklevel=3,
+        )
 
 
 def report_changes(source, changes):
@@ -67,12 +81,13 @@ def export_image_folder(source, target, progress=True):
         extension for extension, kind in Image.registered_extensions().items() if kind in Image.OPEN
     }
     classes = sorted(entry.name for entry in source.iterdir() if entry.is_dir())
-    files = [
+    found = [
         (label, path)
         for label, name in enumerate(classes)
         for path in sorted((source / name).rglob("*"))
-        if path.suffix.lower() in readable and path.is_file()
+        if path.is_file()
     ]
+    files = [(label, path) for label, path in found if path.suffix.lower() in readable]
     if not files:
         raise ValueError(
             f"{source} has no images in class folders (expected {source}/<class>/<image>)"
@@ -80,6 +95,7 @@ def export_image_folder(source, target, progress=True):
     changes = Counter()
     samples = ((label, _jpeg_bytes(path, changes)) for label, path in files)
     root = write_dataset(target, classes, samples, len(files), progress, "image-folder")
+    report_left_out(source, [path for _, path in found if path.suffix.lower() not in readable])
     report_changes(source, changes)
     return root
 

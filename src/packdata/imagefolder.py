@@ -66,7 +66,9 @@ def load_manifest(root):
     path = Path(root) / "manifest.json"
     if not path.is_file():
         raise FileNotFoundError(
-            f"no dataset at {root}: {path} is missing (run 'packdata make-data')"
+            f"no dataset at {root}: {path} is missing (for a folder of your own images, "
+            f"<class>/<image>, run 'packdata export FOLDER {root}' first; for the course's data, "
+            "'packdata make-data')"
         )
     return parse_versioned_json(path.read_bytes(), path, FORMAT, VERSION)
 

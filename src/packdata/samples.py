@@ -30,8 +30,12 @@ class FolderSamples:
 
     def __call__(self, index):
         sample = self.samples[index]
-        jpeg = (self.root / sample["path"]).read_bytes()
-        return sample["key"], sample["label"], encode_payload(jpeg, self.payload, self.resize)
+        path = self.root / sample["path"]
+        try:
+            payload = encode_payload(path.read_bytes(), self.payload, self.resize)
+        except OSError as error:  # unreadable, or an image PIL cannot decode
+            raise ValueError(f"sample {sample['key']!r} ({path}): {error}") from error
+        return sample["key"], sample["label"], payload
 
 
 class DatasetSamples:

@@ -199,14 +199,21 @@ def to_tuple(samples, keys, report):
         try:
             yield tuple(sample[key] for key in keys)
         except KeyError as missing:
-            have = ", ".join(key for key in sample if not key.startswith("__"))
-            report(
-                ShardError(
-                    f"{sample['__url__']}: sample {sample['__key__']!r} has no "
-                    f"'.{missing.args[0]}' member "
-                    f"(it has: {have}); a sample missing its label?"
-                )
-            )
+            report(ShardError(missing_member(sample, missing.args[0])))
+
+
+def missing_member(sample, key):
+    """Why ``sample`` has no tuple: it lacks the member ``key``, and what it may be."""
+    have = ", ".join(name for name in sample if not name.startswith("__"))
+    guess = (
+        "a file that is no image, written as a sample?"
+        if key in IMAGE_FIELDS
+        else "a sample missing its label?"
+    )
+    return (
+        f"{sample['__url__']}: sample {sample['__key__']!r} has no '.{key}' member (it has: "
+        f"{have}); {guess}"
+    )
 
 
 def shuffle_buffer(samples, size, rng):
