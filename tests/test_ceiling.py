@@ -139,3 +139,20 @@ def test_verdict_judges_each_loader_named():
     lines = ceiling.verdict(comparison, ["2 workers", "webdataset"], 2).splitlines()
     assert [line.split(":")[0] for line in lines[1:]] == ["2 workers", "webdataset"]
     assert lines[2].endswith(": the workers lose much of what the cores allow")
+
+
+def test_a_loader_slower_than_one_process_is_told_so_on_busy_cores():
+    # the cores allow little (1.1×): 80% of that is still less than one process
+    busy = compare.Comparison(
+        {
+            "2 workers": [88, 85, 92],
+            "1 plain process": [100, 100, 100],
+            "2 plain processes": [110, 105, 112],
+        }
+    )
+    line = ceiling.verdict(busy, "2 workers", 2).splitlines()[1]
+    assert "2 workers: 80% of what 2 plain processes reach here" in line
+    assert line.endswith(
+        "yet slower than 1 plain process in every round (0.88×): other programs "
+        "hold the cores, and the workers cost more than they add here"
+    )

@@ -90,6 +90,25 @@ class LazyPlace(Stream):
         return super().__iter__()
 
 
+def test_a_place_shared_by_every_instance_and_never_reset_is_named(shards):
+    class SharedPlace(LazyPlace):
+        """Its place in one dict for every instance (a module-level variable), never reset."""
+
+        place, no_reset = {}, True
+        shard = property(
+            lambda self: self.place.get("shard", 0), lambda self, v: self.keep(shard=v)
+        )
+        taken = property(
+            lambda self: self.place.get("taken", 0), lambda self, v: self.keep(taken=v)
+        )
+
+        def keep(self, **place):
+            self.place.update(place)
+
+    with pytest.raises(CheckFailed, match=r"a new stream gave 0 samples .* module-level variable"):
+        check_resumable_stream(SharedPlace, shards)
+
+
 def test_a_stream_whose_place_is_made_on_the_first_pass_passes(shards, capsys):
     check_resumable_stream(LazyPlace, shards)
     assert capsys.readouterr().out.startswith("✓")
@@ -103,8 +122,8 @@ def test_the_answer_passes(shards, capsys):
 @pytest.mark.parametrize(
     "name, says",
     [
-        ("update_after_yield", "repeated"),
-        ("ignore_loaded", "began the epoch again"),
+        ("update_after_yield", "repeated .* names the last sample handed out"),
+        ("ignore_loaded", "began the epoch again: load_state_dict must keep the loaded place"),
         ("keep_history", "grows with what was read"),
         ("keep_shards", "holds shard names"),
         ("no_reset", "back to the first sample"),
@@ -173,6 +192,16 @@ def globally_seeded(n, world_size, rank, epoch, drop_last=False):
     return (torch.randperm(n).tolist() * world_size)[: per_rank * world_size][rank::world_size]
 
 
+def cut_at_the_start(n, world_size, rank, epoch, drop_last=False):
+    """Torch's permutation, but drop_last drops its first indices."""
+    if not drop_last:
+        return answer(n, world_size, rank, epoch)
+    generator = torch.Generator()
+    generator.manual_seed(epoch)
+    order = torch.randperm(n, generator=generator).tolist()
+    return order[n % world_size :][rank::world_size]
+
+
 def test_the_index_answer_passes(capsys):
     check_distributed_indices(answer)
     assert "68 cases" in capsys.readouterr().out
@@ -190,6 +219,7 @@ def test_the_index_answer_passes(capsys):
         (in_blocks, r"a block of the permutation .* permutation\[rank::world_size\]"),
         (padded_with_the_end, "the padding is not torch's: DistributedSampler pads with its start"),
         (padded_once, r"repeated as often as needed: here the padding \(3\) is longer"),
+        (cut_at_the_start, "the right permutation, cut at its start: drop_last keeps its first"),
     ],
 )
 def test_index_mistakes_are_named(wrong, says):

@@ -174,14 +174,20 @@ def verdict(
     spread of its rounds, a line each. The words judge a share: ``reached`` when every round's is
     at least ``enough``, ``short`` when none is, else that the rounds straddle it; a median share
     over ``ABOVE`` judges nothing (the loaders do the plain processes' work and more, so only a
-    machine that moved can put them far above it)."""
+    machine that moved can put them far above it). A loader slower than one plain process in
+    every round is told so whatever its share: on busy cores the ceiling itself is low."""
     many, one = plain(processes), plain(1)
     allowed = comparison.ratio(many, one)
     lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
     for loader in [loaders] if isinstance(loaders, str) else loaders:
-        share = comparison.ratio(loader, many)
+        share, gain = comparison.ratio(loader, many), comparison.ratio(loader, one)
         if share.value > ABOVE:
             words = "above the ceiling: the machine moved; run it again"
+        elif gain.high < 1:
+            words = (
+                f"yet slower than {one} in every round ({gain.value:.2f}×): other programs hold "
+                "the cores, and the workers cost more than they add here"
+            )
         elif share.low >= enough:
             words = reached
         elif share.high < enough:

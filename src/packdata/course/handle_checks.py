@@ -116,9 +116,9 @@ def check_per_process_handle(dataset_class, archive, manifest):
     if dataset._get_file_handle() is not handle:
         raise CheckFailed(
             "Two calls in the same process returned two different ZipFiles: you open the archive "
-            "(and "
-            "read its central directory) for every sample. Keep the ZipFile in self and return the "
-            "same one until os.getpid() changes."
+            "(and read its central directory) for every sample. Keep the ZipFile in self, with "
+            "the os.getpid() that opened it, and return the same one while that pid is the "
+            "caller's."
         )
     inherited, kept = _forked_worker_handles(dataset, handle)
     if inherited:

@@ -5,6 +5,7 @@ steps; torch's own ``DistributedSampler`` as the reference) and names the mistak
 """
 
 import json
+from itertools import islice
 
 from .feedback import CheckFailed, passed
 
@@ -29,7 +30,13 @@ def _resumed(stream_class, shards, cut):
     keys a fresh loader reads after loading that checkpoint."""
     first = _loader(stream_class(shards))
     batches = iter(first)
-    before = _keys(next(batches) for _ in range(cut))
+    before = _keys(islice(batches, cut))
+    if len(before) < cut * BATCH:
+        raise CheckFailed(
+            f"a new stream gave {len(before)} samples where the epoch has more: did it start "
+            "from a place another instance left behind (a module-level variable, say)? Keep the "
+            "place in self, and go back to the first sample once an epoch ends."
+        )
     state = first.state_dict()
     second = _loader(stream_class(shards))
     second.load_state_dict(state)
@@ -99,12 +106,14 @@ def _cut_problem(before, after, whole, shards):
         return None
     if after == whole:
         return (
-            "the restarted loader began the epoch again: __iter__ must start from the loaded place"
+            "the restarted loader began the epoch again: load_state_dict must keep the loaded "
+            "place, and __iter__ start from it"
         )
     if after[:1] == before[-1:]:
         return (
             f"the restarted loader repeated {before[-1]!r}, the last sample before the checkpoint: "
-            "record the place of the next sample before you yield, not after"
+            "the saved place names the last sample handed out instead of the next one (update it "
+            "before you yield, to the next sample's place), or __iter__ skips one too few"
         )
     if after == whole[cut + 1 :]:
         return (
@@ -189,6 +198,15 @@ def _padded_permutation(n, world_size, epoch, drop_last):
     return [index for dealt in zip(*ranks) for index in dealt]
 
 
+def _permutation(n, epoch, seed=0):
+    """The permutation DistributedSampler deals out: torch.randperm seeded by seed + epoch."""
+    import torch
+
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=generator).tolist()
+
+
 def _index_problem(got, want, case):
     """What ``got`` (the learner's indices) gets wrong against ``want`` (torch's), in words."""
     n, world_size, rank, epoch, drop_last = case
@@ -221,6 +239,11 @@ def _index_problem(got, want, case):
     if all(got[j] == want[j] for j in from_permutation):
         rule = "drops its end" if drop_last else "pads with its start"
         return f"the right permutation, but the padding is not torch's: DistributedSampler {rule}"
+    if drop_last and got == _permutation(n, epoch)[n - per_rank * world_size :][rank::world_size]:
+        return (
+            "the right permutation, cut at its start: drop_last keeps its first "
+            "n - n % world_size indices and drops the last ones"
+        )
     if got == list(range(rank, n, world_size))[: len(want)]:
         return "not shuffled: permute range(n) with a torch.Generator seeded by seed + epoch"
     return "other indices than torch's: the permutation is torch.randperm(n) seeded by seed + epoch"
