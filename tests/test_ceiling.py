@@ -150,9 +150,11 @@ def test_a_loader_slower_than_one_process_is_told_so_on_busy_cores():
             "2 plain processes": [110, 105, 112],
         }
     )
-    line = ceiling.verdict(busy, "2 workers", 2).splitlines()[1]
-    assert "2 workers: 80% of what 2 plain processes reach here" in line
-    assert line.endswith(
-        "yet slower than 1 plain process in every round (0.88×): other programs "
-        "hold the cores, and the workers cost more than they add here"
+    allow, line, why = ceiling.verdict(busy, "2 workers", 2).splitlines()
+    assert line.startswith("2 workers: 80% of what 2 plain processes reach here")
+    assert line.endswith(": slower than 1 plain process: 0.88×")
+    assert (
+        why
+        == "  in every round: other programs hold the cores, and here it costs more than it adds"
     )
+    assert max(map(len, (allow, line, why))) <= 110  # a slide's width

@@ -175,7 +175,8 @@ def verdict(
     at least ``enough``, ``short`` when none is, else that the rounds straddle it; a median share
     over ``ABOVE`` judges nothing (the loaders do the plain processes' work and more, so only a
     machine that moved can put them far above it). A loader slower than one plain process in
-    every round is told so whatever its share: on busy cores the ceiling itself is low."""
+    every round is told so whatever its share, on a line more: on busy cores the ceiling itself is
+    low. Lines stay short enough for a slide."""
     many, one = plain(processes), plain(1)
     allowed = comparison.ratio(many, one)
     lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
@@ -184,10 +185,7 @@ def verdict(
         if share.value > ABOVE:
             words = "above the ceiling: the machine moved; run it again"
         elif gain.high < 1:
-            words = (
-                f"yet slower than {one} in every round ({gain.value:.2f}×): other programs hold "
-                "the cores, and the workers cost more than they add here"
-            )
+            words = f"slower than {one}: {gain.value:.2f}×"
         elif share.low >= enough:
             words = reached
         elif share.high < enough:
@@ -198,4 +196,9 @@ def verdict(
             f"{loader}: {share.value:.0%} of what {many} reach here "
             f"(rounds {share.low:.0%} to {share.high:.0%}): {words}"
         )
+        if gain.high < 1 and share.value <= ABOVE:
+            lines.append(
+                "  in every round: other programs hold the cores, and here it costs more than "
+                "it adds"
+            )
     return "\n".join(lines)
