@@ -182,9 +182,10 @@ def verdict(
     lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
     for loader in [loaders] if isinstance(loaders, str) else loaders:
         share, gain = comparison.ratio(loader, many), comparison.ratio(loader, one)
+        slower = share.value <= ABOVE and gain.high < 1
         if share.value > ABOVE:
             words = "above the ceiling: the machine moved; run it again"
-        elif gain.high < 1:
+        elif slower:
             words = f"slower than {one}: {gain.value:.2f}×"
         elif share.low >= enough:
             words = reached
@@ -196,7 +197,7 @@ def verdict(
             f"{loader}: {share.value:.0%} of what {many} reach here "
             f"(rounds {share.low:.0%} to {share.high:.0%}): {words}"
         )
-        if gain.high < 1 and share.value <= ABOVE:
+        if slower:
             lines.append(
                 "  in every round: other programs hold the cores, and here it costs more than "
                 "it adds"

@@ -88,6 +88,7 @@ def export_image_folder(source, target, progress=True):
         if path.is_file()
     ]
     files = [(label, path) for label, path in found if path.suffix.lower() in readable]
+    others = [path for _, path in found if path.suffix.lower() not in readable]
     if not files:
         raise ValueError(
             f"{source} has no images in class folders (expected {source}/<class>/<image>)"
@@ -95,7 +96,7 @@ def export_image_folder(source, target, progress=True):
     changes = Counter()
     samples = ((label, _jpeg_bytes(path, changes)) for label, path in files)
     root = write_dataset(target, classes, samples, len(files), progress, "image-folder")
-    report_left_out(source, [path for _, path in found if path.suffix.lower() not in readable])
+    report_left_out(source, others)
     report_changes(source, changes)
     return root
 

@@ -94,13 +94,13 @@ def read_tuples(shards, keys, report, progress, read=None):
     shard, and the next read would pay a page fault per 4 KiB to get it back."""
     return chain.from_iterable(
         progress.counted(
-            index, islice(measured_tuples(progress, index, shards, keys, report, read), skip, None)
+            index, islice(matched_tuples(progress, index, shards, keys, report, read), skip, None)
         )
         for index, skip in progress.todo(len(shards))
     )
 
 
-def measured_tuples(progress, index, shards, keys, report, read=None):
+def matched_tuples(progress, index, shards, keys, report, read=None):
     """``left_tuples`` of the worker's shard ``index``, its samples checked against ``progress``
     (``Progress.opened``) before any of them comes."""
     shard, rest = shards[index]
@@ -544,7 +544,7 @@ class ShardDataset(IterableDataset):
             read_tuples(shards, keys, report, progress, reads),
             quota,
             partial(self.shuffled, epoch=progress.epoch, rest=progress.rest, layout=layout),
-            lambda index: measured_tuples(progress, index, shards, keys, quiet, self._read_again()),
+            lambda index: matched_tuples(progress, index, shards, keys, quiet, self._read_again()),
             [shard for shard, _ in shards],
         )
         if reads is not None:
