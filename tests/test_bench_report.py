@@ -25,7 +25,7 @@ def test_quick_benchmark_writes_report_and_judges_nothing(tmp_path):
     assert results["judged"] is False
     assert results["samples"] == {"photos": 100, "shapes": 500}
     # every target is measured on the photos, in turn (two rounds in quick mode), never judged
-    assert len(results["ratios"]) == 5
+    assert len(results["ratios"]) == 6
     assert all(ratio["met"] is None and len(ratio["rounds"]) == 2 for ratio in results["ratios"])
     assert len(results["ceilings"]) == 6
     assert all(math.isfinite(ceiling["value"]) for ceiling in results["ceilings"])
@@ -38,6 +38,8 @@ def test_quick_benchmark_writes_report_and_judges_nothing(tmp_path):
     for rates in (photos, shapes):
         assert {"raw/ours", "raw/shard files read whole", "network/per-file"} <= set(rates)
     assert "raw/ours, gzip shards" in shapes
+    # a first epoch apart, every header walked, where shards are read member by member
+    assert "raw/ours, first epoch" in photos and "raw/ours, first epoch" not in shapes
     assert {row["reader"] for row in results["per_sample"]} >= {"ours", "webdataset", "folder"}
     report = (tmp_path / "report.md").read_text()
     assert "judges nothing" in report and "not judged" in report

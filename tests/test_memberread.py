@@ -206,3 +206,84 @@ def test_the_file_is_closed_when_read_to_the_end_or_dropped(tmp_path, photo_shar
     del unstarted
     assert memberread.member_tuples(odd_shard(tmp_path, "small members"), KEYS) is None
     assert len(opened) == 4 and all(file.closed for file in opened)
+
+
+def walks_counted(monkeypatch):
+    """A list that grows by one each time a shard's headers are walked."""
+    walks, real = [], memberread.walk_headers
+
+    def counted(*args):
+        walks.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(memberread, "walk_headers", counted)
+    return walks
+
+
+def test_a_shard_read_again_skips_the_walk_and_reads_the_same_samples(photo_shard, monkeypatch):
+    walks = walks_counted(monkeypatch)
+    dataset = ShardDataset([photo_shard], shuffle=False, keys=KEYS, decode=False)
+    epochs = [list(dataset) for _ in range(3)]
+    assert epochs == [tarfile_tuples(photo_shard)] * 3
+    assert len(walks) == 1  # the later epochs read where the shard's table says
+
+
+def test_a_shard_rewritten_since_its_last_read_is_walked_again(tmp_path, monkeypatch):
+    walks = walks_counted(monkeypatch)
+    shard = write_tar(tmp_path / "photos.tar", photo_members(seed=1))
+    list(memberread.member_tuples(shard, KEYS))
+    write_tar(tmp_path / "photos.tar", photo_members(seed=2))
+    assert list(memberread.member_tuples(shard, KEYS)) == tarfile_tuples(shard)
+    assert len(walks) == 2
+
+
+def test_a_shard_changed_under_an_unchanged_stamp_is_named_and_forgotten(tmp_path):
+    # a file rewritten within one tick of a coarse clock, keeping its size, inode and times: made
+    # here by giving the table the new file's stamp
+    shard = write_tar(tmp_path / "photos.tar", photo_members(samples=4, seed=1))
+    list(memberread.member_tuples(shard, KEYS))
+    members = photo_members(samples=4, seed=1)
+    members[2:4] = [("000009.jpg", members[2][1]), ("000009.cls", members[3][1])]
+    write_tar(tmp_path / "other.tar", members)
+    os.replace(tmp_path / "other.tar", shard)
+    status = os.stat(shard)
+    table = memberread.TABLES.tables[shard]
+    stamp = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+    memberread.TABLES.tables[shard] = table._replace(stamp=stamp)
+    samples = memberread.member_tuples(shard, KEYS)
+    assert next(samples)[0] == "000000"
+    changed = r"photos.tar changed since this process last read it: the header of member '000001"
+    with pytest.raises(tario.TarFormatError, match=changed + r"\.cls' at offset \d+ is not"):
+        next(samples)
+    assert shard not in memberread.TABLES.tables
+    assert list(memberread.member_tuples(shard, KEYS)) == tarfile_tuples(shard)
+
+
+def test_a_shard_cut_short_while_read_again_names_the_member(photo_shard):
+    list(memberread.member_tuples(photo_shard, KEYS))
+    samples = memberread.member_tuples(photo_shard, KEYS)
+    next(samples)
+    os.truncate(photo_shard, 200_000)
+    with pytest.raises(tario.TarFormatError, match=r"truncated: member '0000\d\d.(jpg|cls)'"):
+        list(samples)
+
+
+def test_a_shard_read_again_in_several_reads_comes_back_whole(photo_shard, monkeypatch):
+    list(memberread.member_tuples(photo_shard, KEYS))
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: real(fd, min(n, 600), offset))
+    assert list(memberread.member_tuples(photo_shard, KEYS)) == tarfile_tuples(photo_shard)
+
+
+def test_tables_are_kept_up_to_their_limit(tmp_path, monkeypatch):
+    shards = [write_tar(tmp_path / f"s{n}.tar", photo_members(seed=n)) for n in range(3)]
+    tables = memberread.Tables(limit=0)
+    monkeypatch.setattr(memberread, "TABLES", tables)
+    list(memberread.member_tuples(shards[0], KEYS))
+    assert tables.tables == {} and tables.nbytes == 0
+    tables.limit = 10**9
+    list(memberread.member_tuples(shards[0], KEYS))
+    tables.limit = 2.5 * tables.nbytes  # the shards have as many members, of the same names
+    for shard in shards:
+        list(memberread.member_tuples(shard, KEYS))
+    assert list(tables.tables) == shards[:2] and tables.nbytes <= tables.limit

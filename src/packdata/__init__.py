@@ -34,7 +34,8 @@ Packed and sharded
 - ``layout``      — the webdataset layout: members into samples, shard lists
 - ``plaingroup``  — group a plain shard's members into samples with numpy
 - ``shardread``   — read shards whole as samples; count and describe them
-- ``memberread``  — a local shard of large samples, read member by member: no mapping
+- ``memberread``  — a local shard of large samples, read member by member: no mapping, and its
+                    table of members kept for the next epoch
 - ``shardwrite``  — write, split and join shards, atomically as a set
 - ``twopass``     — shuffle bigger than memory: scatter to buckets by a hashed key, shuffle each
 - ``tartars``     — ImageNet's tar of tars: written from a folder, streamed into shuffled shards

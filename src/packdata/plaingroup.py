@@ -42,16 +42,16 @@ def plain_tuples(data, shard, keys, seen=None):
         ends = begin + sizes[position::width]
         return map(data.__getitem__, map(slice, begin.tolist(), ends.tolist()))
 
-    return grouped_tuples(names, shard, keys, members, seen)
+    return grouped_tuples(plain_layout(names), shard, keys, members, seen)
 
 
-def grouped_tuples(names, shard, keys, members, seen=None):
-    """``zip`` of one column per key of ``keys``, the samples of a shard whose member ``names`` (a
-    fixed-width bytes array, in order) are plain; None when they are not, or a key is not among the
-    members. ``members(position, width)`` iterates over the bytes of members ``position``,
-    ``position + width``, ... in order, fetching each as it is taken. ``seen(digest)``, when
-    given, hears the ``layout.keys_digest`` of the samples' keys before any sample comes."""
-    layout = plain_layout(names)
+def grouped_tuples(layout, shard, keys, members, seen=None):
+    """``zip`` of one column per key of ``keys``, the samples of a shard whose members are laid out
+    as ``layout`` (a ``PlainLayout``) says; None when they are not plain (``layout`` None), or a key
+    is not among the members. ``members(position, width)`` iterates over the bytes of members
+    ``position``, ``position + width``, ... in order, fetching each as it is taken.
+    ``seen(digest)``, when given, hears the ``layout.keys_digest`` of the samples' keys before any
+    sample comes."""
     if layout is None or not set(keys) <= {"__key__", "__url__", *layout.extensions}:
         return None
     if seen is not None:
