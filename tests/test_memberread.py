@@ -237,26 +237,88 @@ def test_a_shard_rewritten_since_its_last_read_is_walked_again(tmp_path, monkeyp
     assert len(walks) == 2
 
 
+def stamp_kept(shard):
+    """Give the table kept of ``shard`` the stamp of the file there now: a file rewritten within one
+    tick of a coarse clock, or through a shared mapping, can keep its size, inode and times."""
+    status = os.stat(shard)
+    stamp = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+    tables = memberread.TABLES.tables
+    tables[shard] = tables[shard]._replace(stamp=stamp)
+
+
+def rewritten(path, members):
+    """``path`` written again with ``members`` under the stamp its table kept."""
+    shard = write_tar(Path(path).with_suffix(".new"), members)
+    os.replace(shard, path)
+    stamp_kept(path)
+
+
 def test_a_shard_changed_under_an_unchanged_stamp_is_named_and_forgotten(tmp_path):
-    # a file rewritten within one tick of a coarse clock, keeping its size, inode and times: made
-    # here by giving the table the new file's stamp
     shard = write_tar(tmp_path / "photos.tar", photo_members(samples=4, seed=1))
     list(memberread.member_tuples(shard, KEYS))
     members = photo_members(samples=4, seed=1)
     members[2:4] = [("000009.jpg", members[2][1]), ("000009.cls", members[3][1])]
-    write_tar(tmp_path / "other.tar", members)
-    os.replace(tmp_path / "other.tar", shard)
-    status = os.stat(shard)
-    table = memberread.TABLES.tables[shard]
-    stamp = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
-    memberread.TABLES.tables[shard] = table._replace(stamp=stamp)
+    rewritten(shard, members)
     samples = memberread.member_tuples(shard, KEYS)
     assert next(samples)[0] == "000000"
     changed = r"photos.tar changed since this process last read it: the header of member '000001"
-    with pytest.raises(tario.TarFormatError, match=changed + r"\.cls' at offset \d+ is not"):
+    with pytest.raises(tario.TarFormatError, match=changed + r"\.jpg' at offset \d+ is not"):
         next(samples)
     assert shard not in memberread.TABLES.tables
     assert list(memberread.member_tuples(shard, KEYS)) == tarfile_tuples(shard)
+
+
+def grown(members, index, by):
+    """``members`` with member ``index``'s bytes ``by`` bytes longer."""
+    name, data = members[index]
+    return [*members[:index], (name, data + bytes(by)), *members[index + 1 :]]
+
+
+CHANGES = {
+    # an image a few bytes longer, within its padding: no header moves
+    "image within its padding": (KEYS, lambda m: grown(m, 4, (-len(m[4][1]) % 512) // 2 or 512)),
+    "image, labels not read": (("__key__", "jpg"), lambda m: grown(m, 4, 1024)),
+    "the last image": (KEYS, lambda m: grown(m, len(m) - 2, 1024)),
+    "a sample added at the end": (KEYS, lambda m: [*m, ("000099.jpg", b"x"), ("000099.cls", b"")]),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_every_member_read_again_is_checked_by_its_header(tmp_path, change):
+    keys, changed = CHANGES[change]
+    shard = write_tar(tmp_path / "photos.tar", photo_members(samples=6, seed=1))
+    list(memberread.member_tuples(shard, keys))
+    rewritten(shard, changed(photo_members(samples=6, seed=1)))
+    with pytest.raises(tario.TarFormatError, match="changed since this process last read it"):
+        list(memberread.member_tuples(shard, keys))
+    assert list(memberread.member_tuples(shard, KEYS)) == tarfile_tuples(shard)
+
+
+@pytest.mark.parametrize("order", ["labels first", "large members only"])
+def test_other_layouts_read_again_are_checked_too(tmp_path, order):
+    members = photo_members(samples=6, seed=1)
+    if order == "labels first":
+        members = [m for pair in zip(members[1::2], members[::2]) for m in pair]
+        keys = KEYS
+    else:
+        members = [
+            (n.replace(".cls", ".npy"), d if n.endswith(".jpg") else bytes(5_000))
+            for n, d in members
+        ]
+        keys = ("__key__", "jpg", "npy")
+    shard = write_tar(tmp_path / "photos.tar", members)
+    first = list(memberread.member_tuples(shard, keys))
+    assert list(memberread.member_tuples(shard, keys)) == first  # from the table
+    rewritten(shard, grown(members, 3, 700))
+    with pytest.raises(tario.TarFormatError, match="changed since this process last read it"):
+        list(memberread.member_tuples(shard, keys))
+
+
+def test_keys_alone_are_not_taken_from_a_table(photo_shard, monkeypatch):
+    walks = walks_counted(monkeypatch)
+    list(memberread.member_tuples(photo_shard, KEYS))
+    list(memberread.member_tuples(photo_shard, ("__key__",)))  # no member read: nothing checked
+    assert len(walks) == 2
 
 
 def test_a_shard_cut_short_while_read_again_names_the_member(photo_shard):
@@ -275,7 +337,7 @@ def test_a_shard_read_again_in_several_reads_comes_back_whole(photo_shard, monke
     assert list(memberread.member_tuples(photo_shard, KEYS)) == tarfile_tuples(photo_shard)
 
 
-def test_tables_are_kept_up_to_their_limit(tmp_path, monkeypatch):
+def test_tables_are_kept_up_to_their_limit_the_least_recently_read_let_go(tmp_path, monkeypatch):
     shards = [write_tar(tmp_path / f"s{n}.tar", photo_members(seed=n)) for n in range(3)]
     tables = memberread.Tables(limit=0)
     monkeypatch.setattr(memberread, "TABLES", tables)
@@ -283,7 +345,18 @@ def test_tables_are_kept_up_to_their_limit(tmp_path, monkeypatch):
     assert tables.tables == {} and tables.nbytes == 0
     tables.limit = 10**9
     list(memberread.member_tuples(shards[0], KEYS))
-    tables.limit = 2.5 * tables.nbytes  # the shards have as many members, of the same names
-    for shard in shards:
+    one = tables.nbytes
+    assert one == tables.tables[shards[0]].nbytes
+    tables.limit = 2.5 * one  # the shards have as many members, of the same names
+    for shard in (shards[1], shards[0], shards[2]):
         list(memberread.member_tuples(shard, KEYS))
-    assert list(tables.tables) == shards[:2] and tables.nbytes <= tables.limit
+    assert list(tables.tables) == [shards[0], shards[2]] and tables.nbytes == 2 * one
+
+
+def test_a_change_the_stamp_missed_seen_at_the_first_header_is_walked_again(tmp_path, monkeypatch):
+    walks = walks_counted(monkeypatch)
+    shard = write_tar(tmp_path / "photos.tar", photo_members(samples=4, seed=1))
+    list(memberread.member_tuples(shard, KEYS))
+    rewritten(shard, grown(photo_members(samples=4, seed=1), 0, 512))
+    assert list(memberread.member_tuples(shard, KEYS)) == tarfile_tuples(shard)
+    assert len(walks) == 2

@@ -12,13 +12,15 @@ Here one small read at a header (``WINDOW`` bytes) brings the header, a small me
 when its sample is taken. The headers are checked as ``tarscan.scan_plain`` checks them, before any
 sample is handed out.
 
-The next epoch needs no walk: what it found (each member's name, size and offset) is kept as the
-shard's ``Table``, by path, in ``TABLES``, for as long as the file keeps its size, inode and times
-(``persistent_workers=True`` keeps a DataLoader's workers, and with them their tables). Each member
-is then read where the table says: a large one alone, as before, a small one with its header, which
-must still begin with the bytes it had (its name, size and checksum), or the read stops naming the
-member. The tables take about 200 bytes a sample of two members, up to ``TABLES.limit`` a process;
-the shards beyond it are walked every epoch.
+The next epoch needs no walk: what it found (each member's name, size, offset and the start of its
+header) is kept as the shard's ``Table``, by path, in ``TABLES``, for as long as the file keeps its
+size, inode and times (``persistent_workers=True`` keeps a DataLoader's workers, and with them their
+tables). No member's bytes are handed out then before its header is found where the table says, as
+it was: a label comes in one read with its header and the next member's, a large member after
+it in one read of its own, as in the first epoch. A first header that differs (a rewrite the stamp
+missed) sends the shard to the walk again; a later one stops the read naming the member. The tables
+take about 360 bytes a sample of two members, up to ``TABLES.limit`` a process; beyond it the
+least recently read are let go.
 
 Shards of small members (closer together than ``tarscan.WALK_SPAN`` on average, where a read per
 member would cost more than the bytes), another layout, or damage of any kind get None: the caller
@@ -27,6 +29,7 @@ maps the shard and takes the usual path, which also names what is wrong.
 
 import os
 import weakref
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -65,19 +68,22 @@ def _closing(tuples, file):
 def _tuples(descriptor, path, keys, seen):
     status = os.fstat(descriptor)
     stamp = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
-    table, held = TABLES.get(path, stamp), None
+    table = TABLES.get(path, stamp)
+    if table is not None and set(keys) - {"__key__", "__url__"}:  # a member to check headers by
+        again = ReadAgain(descriptor, path, table)
+        if again.begins_as_walked():
+            samples = grouped_tuples(table.layout, path, keys, again.column, seen)
+            return None if samples is None else chain(samples, again.end())
+        TABLES.forget(path)  # a rewrite the stamp missed, seen before any sample: walk it again
+    walked = walk_headers(descriptor, status.st_size)
+    table = None if walked is None else checked_table(walked, stamp)
     if table is None:
-        walked = walk_headers(descriptor, status.st_size)
-        table = None if walked is None else checked_table(walked, stamp)
-        if table is None:
-            return None
-        held = walked[2]
-        TABLES.keep(path, table)
+        return None
+    TABLES.keep(path, table)
+    held = walked[2]
 
     def members(position, width):
         column = slice(position, None, width)
-        if held is None:
-            return _read_again(descriptor, path, table, column)
         if None not in held[column]:
             return iter(held[column])  # small members: their bytes came with their headers
         return _read(descriptor, path, table, column, held[column])
@@ -93,37 +99,48 @@ class Table(NamedTuple):
     layout: object  # how they form samples: a ``plaingroup.PlainLayout``, or None
     sizes: np.ndarray
     starts: np.ndarray  # where each member's bytes begin
-    # the first ``MARK`` bytes (name to checksum) of the header of each member whose bytes came with
-    # it, to check them when they are read again together; None for the others
+    # the first ``MARK`` bytes (name to checksum) of each member's header, and of the end-of-archive
+    # block after the last: compared with the bytes there when the shard is read again
     marks: np.ndarray
-    nbytes: int  # about what it takes up in memory
+    small: np.ndarray  # whether each member came with its header in the walk's read
 
-    def name(self, start):
-        """The name of the member whose bytes begin at ``start``."""
-        name = self.names[np.searchsorted(self.starts, start)]
-        return name.decode("utf-8", "surrogateescape")
+    @property
+    def nbytes(self):
+        return sum(field.nbytes for field in self if isinstance(field, np.ndarray))
+
+    def name(self, index):
+        return self.names[index].decode("utf-8", "surrogateescape")
 
 
 MARK = 156
 
 
 class Tables:
-    """The ``Table`` of every shard this process read, by path, while they take up to ``limit``
-    bytes: the next epoch reads each member where the table says, and skips the walk."""
+    """The ``Table`` of the shards this process read, by path, up to ``limit`` bytes (the least
+    recently read are let go first): the next epoch reads each member where the table says and
+    skips the walk."""
 
     def __init__(self, limit):
         self.limit, self.tables, self.nbytes = limit, {}, 0
 
     def get(self, path, stamp):
         """The table of ``path`` if kept and its file still has the same ``stamp``, else None."""
-        table = self.tables.get(path)
-        return table if table is not None and table.stamp == stamp else None
+        table = self.tables.pop(path, None)
+        if table is not None and table.stamp == stamp:
+            self.tables[path] = table  # the most recently read
+            return table
+        if table is not None:
+            self.nbytes -= table.nbytes
+        return None
 
     def keep(self, path, table):
         self.forget(path)
-        if self.nbytes + table.nbytes <= self.limit:
-            self.tables[path] = table
-            self.nbytes += table.nbytes
+        if table.nbytes > self.limit:
+            return
+        while self.nbytes + table.nbytes > self.limit:
+            self.forget(next(iter(self.tables)))  # the least recently read
+        self.tables[path] = table
+        self.nbytes += table.nbytes
 
     def forget(self, path):
         table = self.tables.pop(path, None)
@@ -135,7 +152,7 @@ class Tables:
         self.nbytes = 0
 
 
-# about 200 bytes a sample of a jpg and a label: some 300,000 samples a process
+# about 360 bytes a sample of a jpg and a label: some 180,000 samples a process
 TABLES = Tables(limit=64 * 1024 * 1024)
 
 
@@ -149,60 +166,105 @@ def checked_table(walked, stamp):
         return None
     names = tarscan.header_names(rows)
     names = names.astype(f"S{max(1, int(np.char.str_len(names).max()))}")  # no NUL columns
-    marks = np.full(len(rows), None, dtype=object)
-    came = np.array([data is not None for data in small], dtype=bool)
-    marks[came] = np.ascontiguousarray(rows[came, :MARK]).view(f"V{MARK}").ravel().tolist()
+    marks = np.ascontiguousarray(np.vstack([rows[:, :MARK], np.zeros((1, MARK), np.uint8)]))
+    small = np.array([data is not None for data in small], dtype=bool)
     starts = np.array(starts, dtype=np.int64)
-    nbytes = names.nbytes + sizes.nbytes + starts.nbytes + marks.nbytes + MARK * int(came.sum())
-    return Table(stamp, names, plain_layout(names), sizes, starts, marks, nbytes)
+    layout = plain_layout(names)
+    return Table(stamp, names, layout, sizes, starts, marks.view(f"V{MARK}").ravel(), small)
 
 
 def _read(descriptor, path, table, column, held):
     """The members in ``column`` of ``table``: those ``held`` (bytes read with their headers) as
     they are, the others (None) read when taken, one ``os.pread`` each."""
     pread = os.pread
-    for data, size, start in zip(held, table.sizes[column].tolist(), table.starts[column].tolist()):
+    starts = table.starts[column].tolist()
+    for data, size, start in zip(held, table.sizes[column].tolist(), starts):
         if data is None:
             data = pread(descriptor, size, start)
             if len(data) != size:  # over 2 GiB, or the file cut short meanwhile
-                data = _whole(descriptor, path, table, start, size, data)
+                index = table.starts.searchsorted(start)
+                data = _whole(descriptor, path, table, index, size, start, data)
         yield data
 
 
-def _read_again(descriptor, path, table, column):
-    """The members in ``column`` of ``table``, from a shard read before: a large one as ``_read``
-    reads it, one that came with its header read with its header again, which must begin with
-    the mark kept (else the shard changed since: the table is forgotten, and the error names the
-    member)."""
-    pread, columns = os.pread, (table.marks, table.sizes, table.starts)
-    for mark, size, start in zip(*(values[column].tolist() for values in columns)):
-        if mark is None:
-            data = pread(descriptor, size, start)
-            if len(data) != size:
-                data = _whole(descriptor, path, table, start, size, data)
-        else:
-            data = pread(descriptor, BLOCK + size, start - BLOCK)
-            if len(data) != BLOCK + size:
-                data = _whole(descriptor, path, table, start, size, data, header=BLOCK)
-            if data[:MARK] != mark:
-                TABLES.forget(path)
-                raise _changed(path, table.name(start), start - BLOCK)
-            data = data[BLOCK:]
-        yield data
+class ReadAgain:
+    """One more read of a shard from its ``Table``, no walk: no member's bytes are handed out
+    before its header is found where the table says, beginning with the mark kept (else the shard
+    changed since: the table is forgotten, and the error names the member). A small member comes
+    in one read with its header and the next one's (or the end-of-archive block); a large one
+    whose header came with no such read costs a read of its header first."""
+
+    def __init__(self, descriptor, path, table):
+        self.descriptor, self.path, self.table = descriptor, path, table
+        self.lists = [field.tolist() for field in (table.sizes, table.starts, table.small)]
+        self.marks = table.marks.tolist()
+        self.found = [None] * len(self.marks)  # headers read with the member before them
+
+    def begins_as_walked(self):
+        """Whether the first header is still the one the walk found."""
+        self.found[0] = os.pread(self.descriptor, MARK, 0)
+        return self.found[0] == self.marks[0]
+
+    def column(self, position, width):
+        """The bytes of members ``position``, ``position + width``, ... in turn."""
+        pread, descriptor, found, marks = os.pread, self.descriptor, self.found, self.marks
+        sizes, starts, small = self.lists
+        for index in range(position, len(sizes), width):
+            size, start = sizes[index], starts[index]
+            if small[index]:
+                # its header, its bytes, and the next header: ``span`` bytes from ``header``
+                header, span = start - BLOCK, BLOCK + size + -size % BLOCK + MARK
+                data = pread(descriptor, span, header)
+                if len(data) != span:
+                    data = self.read(index, span, header, data)
+                if data[:MARK] != marks[index]:
+                    self.changed(index)
+                found[index + 1] = data[span - MARK :]
+                yield data[BLOCK : BLOCK + size]
+            else:
+                if (found[index] or self.read(index, MARK, start - BLOCK)) != marks[index]:
+                    self.changed(index)
+                data = pread(descriptor, size, start)
+                if len(data) != size:
+                    data = self.read(index, size, start, data)
+                yield data
+
+    def end(self):
+        """Nothing, once the block after the last member is the end-of-archive block it was."""
+        last = len(self.marks) - 1
+        size, start = self.lists[0][-1], self.lists[1][-1]
+        after = start + size + -size % BLOCK
+        if (self.found[last] or self.read(last - 1, MARK, after)) != self.marks[last]:
+            self.changed(last)
+        yield from ()
+
+    def read(self, index, size, offset, data=None):
+        return _whole(self.descriptor, self.path, self.table, index, size, offset, data)
+
+    def changed(self, index):
+        TABLES.forget(self.path)
+        raise _changed(self.path, self.table, index)
 
 
-def _whole(descriptor, path, table, start, size, data, header=0):
-    """``data``, the first read of the member at ``start`` (``header`` bytes before it too), read
-    on to all its bytes (``tario.pread_exactly``), naming the member if the file ends first."""
-    offset, member = start - header, f"member {table.name(start)!r}"
+def _whole(descriptor, path, table, index, size, offset, data=None):
+    """``size`` bytes at ``offset`` for member ``index`` of ``table`` (``data``: a first read of
+    them), read on to the end (``tario.pread_exactly``), naming the member if the file ends
+    first."""
     hint = "was it cut short while it was read?"
-    return pread_exactly(descriptor, header + size, offset, path, member, hint, data)
+    member = f"member {table.name(index)!r}"
+    return pread_exactly(descriptor, size, offset, path, member, hint, data)
 
 
-def _changed(path, name, offset):
+def _changed(path, table, index):
+    if index < len(table.names):
+        where = f"the header of member {table.name(index)!r}"
+        offset = table.starts[index] - BLOCK
+    else:
+        where = "the end-of-archive block"
+        offset = table.starts[-1] + table.sizes[-1] + -table.sizes[-1] % BLOCK
     return TarFormatError(
-        f"{path} changed since this process last read it: the header of member {name!r} at offset "
-        f"{offset} is not the one read then (was the shard rewritten while it was in use?)"
+        f"{path} changed since this process last read it: {where} at offset {offset} is not the "
+        "one read then (was the shard rewritten while it was in use?)"
     )
 
 
