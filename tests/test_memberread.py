@@ -6,7 +6,9 @@ import gzip
 import io
 import os
 import random
+import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -277,7 +279,6 @@ def grown(members, index, by):
 CHANGES = {
     # an image a few bytes longer, within its padding: no header moves
     "image within its padding": (KEYS, lambda m: grown(m, 4, (-len(m[4][1]) % 512) // 2 or 512)),
-    "image, labels not read": (("__key__", "jpg"), lambda m: grown(m, 4, 1024)),
     "the last image": (KEYS, lambda m: grown(m, len(m) - 2, 1024)),
     "a sample added at the end": (KEYS, lambda m: [*m, ("000099.jpg", b"x"), ("000099.cls", b"")]),
 }
@@ -314,11 +315,43 @@ def test_other_layouts_read_again_are_checked_too(tmp_path, order):
         list(memberread.member_tuples(shard, keys))
 
 
-def test_keys_alone_are_not_taken_from_a_table(photo_shard, monkeypatch):
+@pytest.mark.parametrize("keys", [("__key__",), ("__key__", "jpg"), ("cls", "__key__")])
+def test_a_shard_read_in_part_is_walked_again(photo_shard, monkeypatch, keys):
+    # the headers of the members left unread could not be checked
     walks = walks_counted(monkeypatch)
     list(memberread.member_tuples(photo_shard, KEYS))
-    list(memberread.member_tuples(photo_shard, ("__key__",)))  # no member read: nothing checked
+    read = list(memberread.member_tuples(photo_shard, keys))
     assert len(walks) == 2
+    columns = {"__key__": 0, "jpg": 1, "cls": 2}
+    expected = [tuple(t[columns[key]] for key in keys) for t in tarfile_tuples(photo_shard)]
+    assert read == expected
+
+
+def test_threads_share_the_tables(tmp_path, monkeypatch):
+    shards = [write_tar(tmp_path / f"s{n}.tar", photo_members(samples=3, seed=n)) for n in range(4)]
+    expected = {shard: tarfile_tuples(shard) for shard in shards}
+    tables = memberread.Tables(limit=10**9)
+    monkeypatch.setattr(memberread, "TABLES", tables)
+    list(memberread.member_tuples(shards[0], KEYS))
+    tables.limit = 2.5 * tables.nbytes  # some kept, some let go, all the time
+    read = []
+
+    def reader(seed):
+        order = random.Random(seed).choices(shards, k=500)
+        read.extend(list(memberread.member_tuples(s, KEYS)) == expected[s] for s in order)
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert read == [True] * 2000
+    assert tables.nbytes == sum(table.nbytes for table in tables.tables.values()) <= tables.limit
 
 
 def test_a_shard_cut_short_while_read_again_names_the_member(photo_shard):

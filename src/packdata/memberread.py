@@ -15,12 +15,13 @@ sample is handed out.
 The next epoch needs no walk: what it found (each member's name, size, offset and the start of its
 header) is kept as the shard's ``Table``, by path, in ``TABLES``, for as long as the file keeps its
 size, inode and times (``persistent_workers=True`` keeps a DataLoader's workers, and with them their
-tables). No member's bytes are handed out then before its header is found where the table says, as
-it was: a label comes in one read with its header and the next member's, a large member after
-it in one read of its own, as in the first epoch. A first header that differs (a rewrite the stamp
-missed) sends the shard to the walk again; a later one stops the read naming the member. The tables
-take about 360 bytes a sample of two members, up to ``TABLES.limit`` a process; beyond it the
-least recently read are let go.
+tables), and asks for every member of a sample (else the headers of those left unread could not be
+checked, and the shard is walked). No member's bytes are handed out then before its header is found
+where the table says, as it was: a label comes in one read with its header and the next member's, a
+large member after it in one read of its own, as in the first epoch. A first header that differs (a
+rewrite the stamp missed) sends the shard to the walk again; a later one stops the read naming the
+member. The tables take about 360 bytes a sample of two members, up to ``TABLES.limit`` a process
+(threads share them); beyond it the least recently read are let go.
 
 Shards of small members (closer together than ``tarscan.WALK_SPAN`` on average, where a read per
 member would cost more than the bytes), another layout, or damage of any kind get None: the caller
@@ -28,6 +29,7 @@ maps the shard and takes the usual path, which also names what is wrong.
 """
 
 import os
+import threading
 import weakref
 from itertools import chain
 from typing import NamedTuple
@@ -69,7 +71,8 @@ def _tuples(descriptor, path, keys, seen):
     status = os.fstat(descriptor)
     stamp = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
     table = TABLES.get(path, stamp)
-    if table is not None and set(keys) - {"__key__", "__url__"}:  # a member to check headers by
+    # read again from the table only when every member is read, and so every header checked
+    if table is not None and set(getattr(table.layout, "extensions", [None])) <= set(keys):
         again = ReadAgain(descriptor, path, table)
         if again.begins_as_walked():
             samples = grouped_tuples(table.layout, path, keys, again.column, seen)
@@ -106,13 +109,16 @@ class Table(NamedTuple):
 
     @property
     def nbytes(self):
-        return sum(field.nbytes for field in self if isinstance(field, np.ndarray))
+        arrays = [field for field in self if isinstance(field, np.ndarray)]
+        keys = 0 if self.layout is None else self.layout.keys.nbytes
+        return sum(array.nbytes for array in arrays) + keys + TABLE_OVERHEAD
 
     def name(self, index):
         return self.names[index].decode("utf-8", "surrogateescape")
 
 
 MARK = 156
+TABLE_OVERHEAD = 2048  # bytes of a table's objects beside its arrays, about
 
 
 class Tables:
@@ -122,34 +128,45 @@ class Tables:
 
     def __init__(self, limit):
         self.limit, self.tables, self.nbytes = limit, {}, 0
+        self.lock = threading.Lock()  # threads may read shards at once
+        os.register_at_fork(after_in_child=self._unlock)
+
+    def _unlock(self):
+        self.lock = threading.Lock()  # a thread of the parent may have held it at the fork
 
     def get(self, path, stamp):
         """The table of ``path`` if kept and its file still has the same ``stamp``, else None."""
-        table = self.tables.pop(path, None)
-        if table is not None and table.stamp == stamp:
-            self.tables[path] = table  # the most recently read
-            return table
-        if table is not None:
-            self.nbytes -= table.nbytes
-        return None
+        with self.lock:
+            table = self.tables.pop(path, None)
+            if table is not None and table.stamp == stamp:
+                self.tables[path] = table  # the most recently read
+                return table
+            if table is not None:
+                self.nbytes -= table.nbytes
+            return None
 
     def keep(self, path, table):
-        self.forget(path)
-        if table.nbytes > self.limit:
-            return
-        while self.nbytes + table.nbytes > self.limit:
-            self.forget(next(iter(self.tables)))  # the least recently read
-        self.tables[path] = table
-        self.nbytes += table.nbytes
+        with self.lock:
+            self._forget(path)
+            while self.tables and self.nbytes + table.nbytes > self.limit:
+                self._forget(next(iter(self.tables)))  # the least recently read
+            if self.nbytes + table.nbytes <= self.limit:
+                self.tables[path] = table
+                self.nbytes += table.nbytes
 
     def forget(self, path):
+        with self.lock:
+            self._forget(path)
+
+    def _forget(self, path):
         table = self.tables.pop(path, None)
         if table is not None:
             self.nbytes -= table.nbytes
 
     def clear(self):
-        self.tables.clear()
-        self.nbytes = 0
+        with self.lock:
+            self.tables.clear()
+            self.nbytes = 0
 
 
 # about 360 bytes a sample of a jpg and a label: some 180,000 samples a process
