@@ -129,10 +129,6 @@ class Tables:
     def __init__(self, limit):
         self.limit, self.tables, self.nbytes = limit, {}, 0
         self.lock = threading.Lock()  # threads may read shards at once
-        os.register_at_fork(after_in_child=self._unlock)
-
-    def _unlock(self):
-        self.lock = threading.Lock()  # a thread of the parent may have held it at the fork
 
     def get(self, path, stamp):
         """The table of ``path`` if kept and its file still has the same ``stamp``, else None."""
@@ -171,6 +167,13 @@ class Tables:
 
 # about 360 bytes a sample of a jpg and a label: some 180,000 samples a process
 TABLES = Tables(limit=64 * 1024 * 1024)
+
+
+def _unlocked():
+    TABLES.lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_unlocked)
 
 
 def checked_table(walked, stamp):
