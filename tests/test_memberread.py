@@ -386,10 +386,18 @@ def test_tables_are_kept_up_to_their_limit_the_least_recently_read_let_go(tmp_pa
     assert list(tables.tables) == [shards[0], shards[2]] and tables.nbytes == 2 * one
 
 
-def test_a_change_the_stamp_missed_seen_at_the_first_header_is_walked_again(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["first image", "first label"])
+def test_a_change_the_stamp_missed_seen_in_the_first_sample_is_walked_again(
+    tmp_path, monkeypatch, where
+):
     walks = walks_counted(monkeypatch)
     shard = write_tar(tmp_path / "photos.tar", photo_members(samples=4, seed=1))
     list(memberread.member_tuples(shard, KEYS))
-    rewritten(shard, grown(photo_members(samples=4, seed=1), 0, 512))
+    members = photo_members(samples=4, seed=1)
+    if where == "first image":
+        members = grown(members, 0, 512)
+    else:  # "7" to "70": a new size, no header moves
+        members[1] = (members[1][0], members[1][1] + b"0" if members[1][1] else b"0")
+    rewritten(shard, members)
     assert list(memberread.member_tuples(shard, KEYS)) == tarfile_tuples(shard)
     assert len(walks) == 2

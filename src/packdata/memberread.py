@@ -15,13 +15,14 @@ sample is handed out.
 The next epoch needs no walk: what it found (each member's name, size, offset and the start of its
 header) is kept as the shard's ``Table``, by path, in ``TABLES``, for as long as the file keeps its
 size, inode and times (``persistent_workers=True`` keeps a DataLoader's workers, and with them their
-tables), and asks for every member of a sample (else the headers of those left unread could not be
-checked, and the shard is walked). No member's bytes are handed out then before its header is found
-where the table says, as it was: a label comes in one read with its header and the next member's, a
-large member after it in one read of its own, as in the first epoch. A first header that differs (a
-rewrite the stamp missed) sends the shard to the walk again; a later one stops the read naming the
-member. The tables take about 360 bytes a sample of two members, up to ``TABLES.limit`` a process
-(threads share them); beyond it the least recently read are let go.
+tables). It is used when a read asks for every member of a sample; otherwise the headers of those
+left unread could not be checked, and the shard is walked. No member's bytes are handed out then
+before its header is found where the table says, as it was: a label comes in one read with its
+header and the next member's, a large member after it in one read of its own, as in the first epoch.
+The first sample is read at once, as the walk is: a header that differs there (a rewrite the stamp
+missed) sends the shard to the walk again; one that differs later stops the read naming the member.
+The tables take about 360 bytes a sample of two members, up to ``TABLES.limit`` a process (threads
+share them); beyond it the least recently read are let go.
 
 Shards of small members (closer together than ``tarscan.WALK_SPAN`` on average, where a read per
 member would cost more than the bytes), another layout, or damage of any kind get None: the caller
@@ -74,10 +75,15 @@ def _tuples(descriptor, path, keys, seen):
     # read again from the table only when every member is read, and so every header checked
     if table is not None and set(getattr(table.layout, "extensions", [None])) <= set(keys):
         again = ReadAgain(descriptor, path, table)
-        if again.begins_as_walked():
-            samples = grouped_tuples(table.layout, path, keys, again.column, seen)
-            return None if samples is None else chain(samples, again.end())
-        TABLES.forget(path)  # a rewrite the stamp missed, seen before any sample: walk it again
+        samples = grouped_tuples(table.layout, path, keys, again.column, seen)
+        if samples is None:
+            return None
+        try:
+            first = next(samples, None)  # read now, as the walk reads at once: before any goes out
+        except TarFormatError:  # a rewrite the stamp missed, or damage: walk it again
+            TABLES.forget(path)
+        else:
+            return chain([] if first is None else [first], samples, again.end())
     walked = walk_headers(descriptor, status.st_size)
     table = None if walked is None else checked_table(walked, stamp)
     if table is None:
@@ -219,11 +225,6 @@ class ReadAgain:
         self.lists = [field.tolist() for field in (table.sizes, table.starts, table.small)]
         self.marks = table.marks.tolist()
         self.found = [None] * len(self.marks)  # headers read with the member before them
-
-    def begins_as_walked(self):
-        """Whether the first header is still the one the walk found."""
-        self.found[0] = os.pread(self.descriptor, MARK, 0)
-        return self.found[0] == self.marks[0]
 
     def column(self, position, width):
         """The bytes of members ``position``, ``position + width``, ... in turn."""
