@@ -73,7 +73,7 @@ def _tuples(descriptor, path, keys, seen):
     stamp = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
     table = TABLES.get(path, stamp)
     # read again from the table only when every member is read, and so every header checked
-    if table is not None and set(getattr(table.layout, "extensions", [None])) <= set(keys):
+    if table is not None and table.layout and set(table.layout.extensions) <= set(keys):
         again = ReadAgain(descriptor, path, table)
         samples = grouped_tuples(table.layout, path, keys, again.column, seen)
         if samples is None:
