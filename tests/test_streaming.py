@@ -5,6 +5,7 @@ counted when asked)."""
 import io
 import itertools
 import random
+import re
 import tarfile
 import warnings
 from collections import Counter
@@ -85,6 +86,19 @@ def test_brace_patterns_expand_as_webdataset_expands_them(pattern, expected):
 def test_a_shard_named_twice_is_refused(shards):
     with pytest.raises(ValueError, match="more than once"):
         expand_shards(shards)
+
+
+@pytest.mark.parametrize("second", ["./a.tar", "b/../a.tar", "{cwd}/a.tar", "{cwd}//a.tar"])
+def test_one_local_shard_spelled_two_ways_is_refused_naming_both(second, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    second = second.format(cwd=tmp_path)
+    with pytest.raises(ValueError, match=re.escape(f"one shard, as 'a.tar' and as {second!r}")):
+        expand_shards(["a.tar", second])
+
+
+def test_the_same_file_name_in_two_folders_or_servers_is_two_shards():
+    names = ["a/x.tar", "b/x.tar", "http://h1/x.tar", "http://h2/x.tar"]
+    assert expand_shards(names) == names
 
 
 def test_more_ranks_than_shards_is_refused(urls):

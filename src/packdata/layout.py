@@ -9,7 +9,7 @@ shard writer (``shardwrite``) and every reader (``shardread``, ``streaming``, th
 """
 
 import hashlib
-from collections import Counter
+import os
 from itertools import groupby
 from pathlib import Path
 
@@ -34,7 +34,8 @@ class ShardError(ValueError):
 def expand_shards(shards):
     """The shard list as strings: a brace pattern, a path or URL, or a list of those, each expanded
     as bash (and webdataset) expand braces: ``"train-{000..009}.tar"`` gives ten names,
-    ``"{train,val}.tar"`` two. A shard named twice would be read twice per epoch, so it is an error.
+    ``"{train,val}.tar"`` two. A shard named twice would be read twice per epoch, so it is an error,
+    also when the two names are two spellings of one local path.
     """
     if isinstance(shards, (str, Path)):
         shards = [shards]
@@ -50,13 +51,21 @@ def expand_shards(shards):
             "s3:// "
             "and other schemes through s3fs or a webdataset pipe: command"
         )
-    repeated = [name for name, times in Counter(expanded).items() if times > 1]
-    if repeated:
-        raise ValueError(
-            f"the shard list names {repeated[0]!r} more than once: its samples would come twice an "
-            "epoch"
-        )
+    spelled = {}
+    for count, name in enumerate(expanded, 1):
+        same = spelled.setdefault(_one_spelling(name), name)
+        if len(spelled) < count:
+            what = repr(name) if same == name else f"one shard, as {same!r} and as {name!r},"
+            raise ValueError(
+                f"the shard list names {what} more than once: its samples would come twice an epoch"
+            )
     return expanded
+
+
+def _one_spelling(name):
+    """A local path as one absolute path (``a.tar``, ``./a.tar`` and ``/cwd/a.tar`` are one shard);
+    a URL as it is. Links are not followed: that would touch the file system for every shard."""
+    return name if is_url(name) else os.path.normpath(os.path.abspath(name))
 
 
 def is_meta(name):
