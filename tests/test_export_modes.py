@@ -3,6 +3,7 @@
 what it changed."""
 
 import io
+import zlib
 
 import numpy as np
 import pytest
@@ -100,3 +101,47 @@ def test_files_that_are_no_images_are_left_out_with_a_warning(tmp_path):
 def test_a_folder_without_a_manifest_points_to_export(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"run 'packdata export FOLDER .*' first"):
         load_manifest(tmp_path)
+
+
+def test_an_export_into_its_own_source_is_refused(tmp_path):
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "photos" / "cat" / "0.jpg")
+    with pytest.raises(ValueError, match="course is inside .*photos: the next export would read"):
+        export_image_folder(tmp_path / "photos", tmp_path / "photos" / "course", progress=False)
+
+
+def png_bytes(changes=(), cut=None):
+    """A small PNG with bytes changed at ``(offset, value)`` in ``changes``, cut at ``cut``."""
+    out = io.BytesIO()
+    Image.new("RGB", (40, 30), "teal").save(out, format="PNG")
+    data = bytearray(out.getvalue())
+    for offset, value in changes:
+        data[offset] = value
+    return bytes(data[:cut])
+
+
+def png_chunk(kind, data):
+    return len(data).to_bytes(4) + kind + data + zlib.crc32(kind + data).to_bytes(4)
+
+
+def png_header(width, height):
+    """A PNG that claims ``width`` × ``height`` pixels and holds none."""
+    shape = width.to_bytes(4) + height.to_bytes(4) + bytes([8, 2, 0, 0, 0])
+    chunks = png_chunk(b"IHDR", shape) + png_chunk(b"IDAT", zlib.compress(b""))
+    return b"\x89PNG\r\n\x1a\n" + chunks + png_chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize(
+    "data, said",
+    [
+        (png_bytes([(49, 76), (79, 229), (36, 10)]), "broken PNG"),  # PIL's SyntaxError
+        (png_bytes([(58, 225), (52, 211), (11, 4), (27, 158)], cut=74), "Truncated IHDR"),
+        (png_header(20_000, 20_000), "PIL refuses images this large"),  # its bomb guard
+    ],
+    ids=["syntax-error", "value-error", "decompression-bomb"],
+)
+def test_an_image_pil_refuses_in_any_way_is_named(tmp_path, data, said):
+    (tmp_path / "photos" / "a").mkdir(parents=True)
+    (tmp_path / "photos" / "a" / "x.png").write_bytes(data)
+    with pytest.raises(ValueError, match=f"a/x.png.*{said}"):
+        export_image_folder(tmp_path / "photos", tmp_path / "out", progress=False)

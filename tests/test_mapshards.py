@@ -2,6 +2,7 @@
 whole or not at all, and a run again after a crash maps only what is missing."""
 
 import io
+import json
 import multiprocessing
 import tarfile
 
@@ -95,3 +96,37 @@ def test_map_shards_keeps_outputs_already_there_and_maps_only_the_missing(shards
     assert again == first  # the same paths and sample counts, in input order
     assert kept.stat().st_mtime_ns == kept_time and lost.exists()
     assert labels_by_key(p for p, _ in again) == labels_by_key(shards)
+
+
+def test_a_map_into_the_shards_own_folder_is_refused(shards):
+    with pytest.raises(ValueError, match="would be its own output: map into another folder"):
+        map_shards(resize_sample, shards, shards[0].parent, processes=1, progress=False)
+
+
+def parse_json(sample):
+    return {"w": str(json.loads(sample["json"])["w"]).encode()}
+
+
+def members_or_nothing(sample):
+    return {} if sample["__key__"] == "k1" else {"txt": sample["txt"]}
+
+
+def whole_sample(sample):
+    return sample  # its __key__ and __url__ are no members
+
+
+@pytest.mark.parametrize(
+    "function, said",
+    [
+        (parse_json, "parse_json: JSONDecodeError"),
+        (members_or_nothing, "members_or_nothing: ValueError: sample 'k1': got {}"),
+        (whole_sample, "whole_sample: ValueError: .*'__key__' is no member"),
+    ],
+)
+def test_an_error_in_the_mapped_function_names_the_shard_and_sample(function, said, tmp_path):
+    shard = tmp_path / "in.tar"
+    samples = [("k0", {"json": b'{"w": 1}', "txt": b"a"}), ("k1", {"json": b"{bad", "txt": b"b"})]
+    write_tar(shard, samples)
+    with pytest.raises(ValueError, match=f"{shard}: sample '(k0|k1)': {said}"):
+        map_shards(function, [shard], tmp_path / "out", processes=1, progress=False)
+    assert not list((tmp_path / "out").glob("*"))

@@ -1,6 +1,8 @@
 """Writing shards (from the folder or a torchvision dataset, by count and size, in parallel,
 atomically), splitting and concatenating them, and the ``packdata shards`` verbs."""
 
+import array
+import io
 import shutil
 import tarfile
 from concurrent.futures import ProcessPoolExecutor
@@ -15,7 +17,7 @@ from packdata.packing import TAR_MANIFEST, pack_tar
 from packdata.shardread import describe_shard, iter_shard_samples
 from packdata.shardwrite import ShardWriter, cat_shards, split_tar, write_shards
 from packdata.streaming import ShardDataset
-from packdata.tario import TarFormatError
+from packdata.tario import TarFormatError, member_header
 from packdata.transfer import stage
 
 
@@ -140,9 +142,10 @@ def test_rewriting_with_fewer_shards_removes_the_stale_ones(tiny_dataset, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train-000000.tar", "train-000001.tar"]
 
 
-def test_bad_limits_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="maxcount"):
-        ShardWriter(tmp_path, maxcount=0)
+@pytest.mark.parametrize("limits", [{"maxcount": 0}, {"maxsize": 0}, {"maxsize": float("nan")}])
+def test_bad_limits_are_refused(tmp_path, limits):
+    with pytest.raises(ValueError, match="maxcount must be at least 1 and maxsize positive"):
+        ShardWriter(tmp_path, **limits)
 
 
 def test_webdataset_sees_the_same_keys_and_labels(written, manifest):
@@ -192,6 +195,61 @@ def test_a_split_that_fails_part_way_leaves_the_old_shards_as_they_were(written,
     with pytest.raises(ValueError, match=f"{bad}: duplicate key {samples[3]['__key__']!r}"):
         split_tar(bad, out, maxcount=8)  # fails in its 4th shard
     assert contents(out) == expected and len(expected) == 4
+
+
+def test_a_split_into_the_set_it_belongs_to_is_refused_and_removes_nothing(written, tmp_path):
+    out = tmp_path / "set"
+    infos = split_tar(written[1][0].path, out, maxcount=3)
+    expected = contents(out)
+    with pytest.raises(ValueError, match="is one of the train-NNNNNN.tar shards of .*replaces"):
+        split_tar(infos[1].path, out, maxcount=1)
+    assert contents(out) == expected
+
+
+@pytest.mark.parametrize(
+    "key, members, said",
+    [
+        ("img.001", {"jpg": b"1"}, "last part has no dot"),  # would read back as key 'img'
+        ("/abs", {"jpg": b"1"}, "relative path"),
+        ("../up", {"jpg": b"1"}, "relative path"),
+        ("k", {"masks/0.png": b"1"}, "without '/'"),  # would read back as another sample
+        ("k", {"__key__": "k", "jpg": b"1"}, "leave out its __key__"),
+        ("k", {}, "non-empty"),  # would be counted, and no member written
+        ("k", {"txt": "text"}, r"got str.*\.encode\(\)"),
+        ("k", {"f32": array.array("f", [1.0])}, "got array"),
+    ],
+)
+def test_a_sample_that_would_not_read_back_as_written_is_refused_by_key(
+    key, members, said, tmp_path
+):
+    with pytest.raises((ValueError, TypeError), match=said), ShardWriter(tmp_path / "out") as out:
+        out.write(key, members)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.tar"))
+
+
+def test_a_memoryview_of_wider_items_is_written_as_its_bytes(tmp_path):
+    floats = memoryview(array.array("f", [1.0] * 200))  # len 200, 800 bytes
+    info = shardwrite.write_tar(tmp_path / "a.tar", [("a", {"f32": floats}), ("b", {"t": b"x"})])
+    with tarfile.open(info.path) as tar:
+        assert [(m.name, m.size) for m in tar] == [("a.f32", 800), ("b.t", 1)]
+    assert [s["__key__"] for s in iter_shard_samples([str(info.path)])] == ["a", "b"]
+
+
+@pytest.mark.parametrize("key", ["x" * 120, "a" * 160 + "/b", "é" * 70])
+def test_names_ustar_cannot_hold_get_pax_headers_that_every_reader_reads(key, tmp_path):
+    info = shardwrite.write_tar(tmp_path / "long.tar", [(key, {"txt": b"1"}), ("k", {"txt": b"2"})])
+    with tarfile.open(info.path) as tar:
+        assert tar.getnames() == [f"{key}.txt", "k.txt"]
+    assert [s["__key__"] for s in iter_shard_samples([str(info.path)])] == [key, "k"]
+    found = webdataset.WebDataset(str(info.path), shardshuffle=False)
+    assert [s["__key__"] for s in found] == [key, "k"]
+
+
+def test_a_size_ustar_cannot_hold_gets_a_pax_header():
+    header = member_header("video.mkv", 8 << 30)  # 8 GiB: past ustar's 11 octal digits
+    with tarfile.open(fileobj=io.BytesIO(header + bytes(1024)), mode="r|") as tar:
+        member = next(iter(tar))
+    assert (member.name, member.size) == ("video.mkv", 8 << 30)
 
 
 def test_cat_into_a_folder_is_refused_before_writing_anything(written, tmp_path):

@@ -49,7 +49,12 @@ def _jpeg_bytes(path, changes):
             rgb, change = as_rgb(image)
             changes[change or f"{image.format} re-encoded as JPEG"] += 1
             return encode_jpeg(rgb)
-    except OSError as err:  # unidentified or truncated
+    except Image.DecompressionBombError as err:
+        raise ValueError(
+            f"{path}: {err} (PIL refuses images this large; raise PIL.Image.MAX_IMAGE_PIXELS "
+            "first if it is one)"
+        ) from err
+    except (OSError, ValueError, SyntaxError) as err:  # unidentified, truncated, broken chunks
         raise ValueError(f"{path} is not an image that PIL can read: {err}") from err
 
 
@@ -77,6 +82,11 @@ def export_image_folder(source, target, progress=True):
     source = Path(source)
     if not source.is_dir():
         raise FileNotFoundError(f"no folder at {source}")
+    if Path(target).resolve().is_relative_to(source.resolve()):
+        raise ValueError(
+            f"{target} is inside {source}: the next export would read it as a class of images; "
+            "export into a folder outside it"
+        )
     readable = {
         extension for extension, kind in Image.registered_extensions().items() if kind in Image.OPEN
     }

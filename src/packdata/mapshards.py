@@ -24,10 +24,12 @@ import webdataset as wds
 
 from . import engines
 from .atomic import temporary_prefix
+from .httpclient import is_url
 from .images import ENCODED_IMAGES, resize_short_side
 from .layout import expand_shards, local_targets, members_of
 from .shardread import count_shard_samples, iter_shard_samples
-from .shardwrite import write_tar
+from .shardwrite import check_sample, write_tar
+from .tario import member_bytes
 
 
 def resize_sample(sample, size=32):
@@ -101,15 +103,36 @@ def resize_shard(job, size=32):
 
 def map_shard(function, shard, target):
     """Write ``function(sample)`` (``{extension: bytes}``, or None to drop it) for every sample of
-    ``shard`` into the shard ``target``, atomically; returns ``(target, samples written)``."""
-    mapped = ((sample["__key__"], function(sample)) for sample in iter_shard_samples([shard]))
-    info = write_tar(target, ((key, members) for key, members in mapped if members is not None))
+    ``shard`` into the shard ``target``, atomically; returns ``(target, samples written)``. An
+    error in ``function``, or members it returns that cannot be written, raise ``ValueError``
+    naming the shard and the sample (an error that names them already passes as it is)."""
+    mapped = (_mapped(function, sample) for sample in iter_shard_samples([shard]))
+    info = write_tar(target, (pair for pair in mapped if pair[1] is not None))
     return info.path, info.samples
+
+
+def _mapped(function, sample):
+    """``(key, function(sample))``, its members checked, or the error naming shard and sample."""
+    key, named = sample["__key__"], f"{sample['__url__']}: sample {sample['__key__']!r}"
+    try:
+        members = function(sample)
+        if members is not None:
+            check_sample(key, members)
+            for extension, data in members.items():
+                member_bytes(f"{key}.{extension}", data)
+    except Exception as error:
+        if str(error).startswith(named):
+            raise
+        what = getattr(function, "__name__", None) or repr(function)
+        raise ValueError(f"{named}: {what}: {type(error).__name__}: {error}") from error
+    return key, members
 
 
 def map_shards(function, shards, out_dir, processes=2, progress=True, executor=None):
     """Run ``map_shard`` on every shard, one task per shard, each output named like its input in
-    ``out_dir`` (two inputs with the same file name, in different folders, are refused).
+    ``out_dir`` (two inputs with the same file name, in different folders, are refused, and so is
+    ``out_dir`` being the inputs' folder). Members named ``__*__`` (a manifest) are no sample, and
+    are left out, as ``split_tar`` leaves them.
 
     The tasks run on ``executor`` (any ``concurrent.futures.Executor``: ``engines.local`` or
     ``engines.dask``), else in a pool of ``processes`` processes (in this process when
@@ -125,6 +148,12 @@ def map_shards(function, shards, out_dir, processes=2, progress=True, executor=N
     """
     shards = expand_shards(shards)
     pairs = list(zip(shards, local_targets(shards, out_dir)))
+    for shard, target in pairs:
+        if not is_url(shard) and Path(shard).resolve() == target.resolve():
+            raise ValueError(
+                f"{shard} would be its own output: map into another folder than the shards' "
+                f"({out_dir})"
+            )
     missing = [(shard, target) for shard, target in pairs if not target.exists()]
     task = partial(_map_pair, function)
     if executor is not None:

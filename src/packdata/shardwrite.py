@@ -8,7 +8,9 @@
 A set of shards appears only once all of it is written: the shards are written into a hidden folder,
 then moved into place, and older shards of the same prefix beyond the new set removed; a failed run
 leaves the old set as it was. A sample never straddles two shards. Members use ``pack_tar``'s
-conventions: ustar headers with fixed owner and time.
+conventions: ustar headers with fixed owner and time (pax where a name or a size needs one). A
+sample that would not read back as written (a dot in its key's file name, ``/`` in an extension,
+no member, a member that is no bytes) is refused, naming its key.
 """
 
 import glob
@@ -16,6 +18,7 @@ import operator
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +56,42 @@ class ShardInfo:
 
 
 def sample_bytes(key, members):
-    """One sample as tar members: ``<key>.<ext>`` for each ``{ext: bytes}`` item, in order."""
+    """One sample as tar members: ``<key>.<ext>`` for each ``{ext: bytes}`` item, in order. A key
+    or an extension that would read back as another sample, and a sample of no member, raise
+    ``ValueError`` naming the key."""
+    check_sample(key, members)
     return b"".join(tar_member(f"{key}.{extension}", data) for extension, data in members.items())
+
+
+def check_sample(key, members):
+    """``ValueError`` unless ``key`` and ``members`` read back as this one sample (the grouping
+    rules of ``layout.split_member``): a key whose file name has no dot, in a relative path without
+    ``..``; extensions without ``/``; at least one member."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"sample key {key!r}: a key is a non-empty string")
+    folders, _, stem = key.rpartition("/")
+    if not stem or "." in stem or key.startswith("/") or ".." in folders.split("/"):
+        raise ValueError(
+            f"sample key {key!r}: a key is a relative path whose last part has no dot (readers "
+            "split a member's name at the first dot of its file name: the key would read back as "
+            "another), for example 'img_001' or 'train/img_001'"
+        )
+    if not isinstance(members, Mapping) or not members:
+        raise ValueError(
+            f"sample {key!r}: got {members!r} for its members; a sample is a non-empty "
+            "{extension: bytes} dict (to leave a sample out, write nothing for it)"
+        )
+    for extension in members:
+        if isinstance(extension, str) and extension.startswith("__"):
+            raise ValueError(
+                f"sample {key!r}: {extension!r} is no member: a sample's members leave out its "
+                "__key__ and __url__ (layout.members_of(sample) gives them)"
+            )
+        if not isinstance(extension, str) or not extension or "/" in extension:
+            raise ValueError(
+                f"sample {key!r}: extension {extension!r} is not one: a non-empty string without "
+                "'/', such as 'jpg' or 'seg.png'"
+            )
 
 
 class ShardWriter:
@@ -69,7 +106,7 @@ class ShardWriter:
     those final moves can still mix the two sets: renaming many files at once is not atomic.)"""
 
     def __init__(self, out_dir, prefix="train", maxcount=1000, maxsize=None):
-        if maxcount < 1 or (maxsize is not None and maxsize <= 0):
+        if maxcount < 1 or (maxsize is not None and not maxsize > 0):  # NaN too
             raise ValueError(
                 f"maxcount must be at least 1 and maxsize positive, got {maxcount} and {maxsize}"
             )
@@ -207,7 +244,14 @@ def write_shards(
 
 def split_tar(tar, out_dir, *, prefix="train", maxcount=1000, maxsize=None):
     """Split one tar (``pack_tar``'s, a webdataset shard, …) into shards, samples kept whole and in
-    order; members named ``__*__`` are left out. Returns the ``ShardInfo`` of each shard."""
+    order; members named ``__*__`` are left out. Returns the ``ShardInfo`` of each shard. A ``tar``
+    that is one of the ``prefix`` shards in ``out_dir`` (which the new set replaces) is refused."""
+    replaced = Path(out_dir).resolve().glob(SHARD_GLOB.format(prefix=glob.escape(prefix)))
+    if Path(tar).resolve() in set(replaced):
+        raise ValueError(
+            f"{tar} is one of the {prefix}-NNNNNN.tar shards of {out_dir}, which the split "
+            "replaces: split it into another folder, or give another prefix"
+        )
     with ShardWriter(out_dir, prefix, maxcount, maxsize) as writer:
         for sample in iter_shard_samples([tar]):
             writer.write(sample["__key__"], members_of(sample))

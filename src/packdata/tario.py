@@ -11,6 +11,7 @@ every field that could vary fixed. ``tarindex`` builds a member index on ``iter_
         print(header.name, header.size, data_offset)
 """
 
+import mmap
 import os
 import posixpath
 import tarfile
@@ -369,9 +370,35 @@ END_OF_TAR = 2 * ZERO_BLOCK  # two zero blocks end an archive
 
 
 def tar_member(name, data):
-    """One ustar member, header and padded data, with every field that could vary fixed."""
+    """One member, header and padded data, with every field that could vary fixed: a ustar header,
+    or a pax one where ustar cannot hold the name (over 100 bytes, or 155 of folders) or the size
+    (8 GiB or more), as tar and webdataset write them. ``data``: ``bytes``, ``bytearray``, ``mmap``
+    or a contiguous ``memoryview``; anything else raises ``TypeError`` naming the member."""
+    data = member_bytes(name, data)
+    return member_header(name, data.nbytes) + data + bytes(-data.nbytes % BLOCK)
+
+
+def member_header(name, size):
+    """``tar_member``'s header (a pax one when ustar cannot hold ``name`` or ``size``)."""
     info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o644, FIXED_MTIME
+    info.size, info.mode, info.mtime = size, 0o644, FIXED_MTIME
     info.uid, info.gid, info.uname, info.gname = 0, 0, "", ""
-    padding = bytes(-len(data) % BLOCK)
-    return info.tobuf(tarfile.USTAR_FORMAT) + data + padding
+    try:
+        return info.tobuf(tarfile.USTAR_FORMAT)
+    except ValueError:  # a name or a size too long for ustar
+        return info.tobuf(tarfile.PAX_FORMAT)
+
+
+def member_bytes(name, data):
+    """``data`` as a flat ``memoryview`` of its bytes (its length is the member's size, whatever
+    the items of an array view are); else ``TypeError`` naming member ``name``."""
+    if not isinstance(data, (bytes, bytearray, memoryview, mmap.mmap)):
+        hint = ".encode()" if isinstance(data, str) else "bytes(...) or .tobytes()"
+        raise TypeError(
+            f"member {name!r}: got {type(data).__name__}, a member is bytes (bytes, bytearray, "
+            f"memoryview or mmap): convert it first, for example with {hint}"
+        )
+    view = memoryview(data)
+    if not view.contiguous:
+        raise TypeError(f"member {name!r}: a memoryview that is not contiguous; pass bytes(view)")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
