@@ -2,6 +2,7 @@
 processes ask, a size limit kept by LRU eviction that spares shards in use, whole files only, and
 hit rates per epoch, including the cache too small for the working set."""
 
+import gzip
 import multiprocessing
 import pickle
 from collections import Counter
@@ -142,6 +143,91 @@ def test_a_missing_shard_raises_naming_it_and_leaves_nothing(store, tmp_path):
         list(cache.fetched([store.url_for("nope-000000.tar")]))
     assert cache.entries() == []
     assert not [path for path in tmp_path.iterdir() if ".partial-" in path.name]
+
+
+def wait_for(event):
+    """In a forked child: live until ``event`` is set."""
+    event.wait(30)
+
+
+def test_a_forked_worker_does_not_keep_a_lock_its_parent_has_let_go(store, shard_dir, tmp_path):
+    largest = max(path.stat().st_size for path in shard_files(shard_dir))
+    cache = ShardCache(tmp_path, max_bytes=2 * largest)
+    first, *others = urls_of(store, shard_dir)
+    held = cache.pin(first)  # as a shard fetched ahead while a DataLoader forks its workers
+    done = FORK.Event()
+    child = FORK.Process(target=wait_for, args=(done,))
+    child.start()
+    try:
+        held.release()
+        for _ in cache.fetched(others[:2], ahead=0):
+            pass
+        assert not held.path.exists()  # evicted: the child's copy of the lock file held nothing
+    finally:
+        done.set()
+        child.join()
+
+
+def test_files_of_others_in_the_folder_are_neither_counted_nor_evicted(store, shard_dir, tmp_path):
+    mine = tmp_path / "checkpoint-epoch3.pt"
+    mine.write_bytes(b"weights" * 1000)
+    largest = max(path.stat().st_size for path in shard_files(shard_dir))
+    cache = ShardCache(tmp_path, max_bytes=2 * largest)
+    assert cache.size() == 0
+    for _ in cache.fetched(urls_of(store, shard_dir), ahead=0):
+        pass
+    assert mine.read_bytes() == b"weights" * 1000
+    assert all(name != mine.name for _, _, name in cache.entries())
+
+
+def test_a_long_file_name_and_one_with_a_space_go_through_the_cache(store, shard_dir, tmp_path):
+    source = shard_files(shard_dir)[0]
+    names = ["x" * 240 + ".tar", "my shard.tar"]
+    for name in names:
+        (shard_dir / name).write_bytes(source.read_bytes())
+    cache = ShardCache(tmp_path, max_bytes=10**9)
+    try:
+        for name in names:
+            url = store.url_for(name).replace("%20", " ")  # a URL as a user may write it
+            assert bytes(cache.read(url)) == source.read_bytes()
+    finally:
+        for name in names:
+            (shard_dir / name).unlink()
+    assert [(event, size) for event, _, size in cache.events()] == [
+        (MISS, source.stat().st_size)
+    ] * 2
+    assert cache.events()[1][1].endswith("-my shard.tar")
+
+
+def test_a_shard_cut_short_is_not_kept_and_is_fetched_again_once_whole(store, shard_dir, tmp_path):
+    source = shard_files(shard_dir)[0]
+    whole = source.read_bytes()
+    cut = shard_dir / "cut-000000.tar"
+    cut.write_bytes(whole[: len(whole) // 1024 * 512])  # headers and members, no end
+    cache = ShardCache(tmp_path, max_bytes=10**9)
+    url = store.url_for(cut.name)
+    try:
+        with pytest.raises(ValueError, match=f"{url}: .* without the blocks that end a tar"):
+            cache.read(url)
+        assert cache.entries() == []
+        cut.write_bytes(whole)
+        assert bytes(cache.read(url)) == whole
+    finally:
+        cut.unlink()
+
+
+def test_an_error_in_a_cached_shard_names_its_url(store, shard_dir, tmp_path):
+    packed = gzip.compress(shard_files(shard_dir)[0].read_bytes())
+    (shard_dir / "damaged-000000.tar.gz").write_bytes(packed[: len(packed) // 2])
+    cache = ShardCache(tmp_path, max_bytes=10**9)
+    url = store.url_for("damaged-000000.tar.gz")
+    try:
+        with pytest.raises(ValueError, match=f"{url}: damaged gzip stream"):
+            cache.read(url)
+        with pytest.raises(ValueError, match=f"{url}: damaged gzip stream"):
+            cache.reads([url])(url)
+    finally:
+        (shard_dir / "damaged-000000.tar.gz").unlink()
 
 
 def epoch_events(cache, read_epoch):

@@ -18,20 +18,27 @@ pinned at once: ``ahead + 1`` shards per worker. A journal (``events``) records 
 wait and eviction of every process, so a hit rate can be read per epoch.
 
 The folder must be on a local disk: ``flock`` coordinates the processes of one machine, and is not
-to be trusted on network filesystems.
+to be trusted on network filesystems. Only files named as the cache names them are its shards:
+other files in the folder are neither counted nor evicted. A copy is kept as long as there is room,
+without asking the store again: a shard set is read as written, and a new version of a shard needs
+a new name (or the cache's folder emptied). A download that is no whole tar is not kept.
 """
 
 import fcntl
 import hashlib
 import os
+import re
+import threading
 from collections import Counter
 from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 
 from .atomic import written_atomically
+from .compression import decompressed, is_tar
 from .httpclient import file_name, unsigned
 from .readahead import fetched_ahead
-from .shardread import fetch_shard, read_shard
+from .shardread import fetch_shard
+from .tario import BLOCK, END_OF_TAR, TarFormatError
 
 HIT, MISS, WAITED, EVICTED = "hit", "miss", "waited", "evicted"
 LOOKUPS = (HIT, MISS, WAITED)  # one of these per shard asked for
@@ -43,19 +50,67 @@ def cache_name(url):
     anew, for the next job, is still the one in the cache."""
     digest = hashlib.sha256(unsigned(url).encode()).hexdigest()[:12]
     name = file_name(url) or "shard"
+    if len(name.encode()) > LONGEST:  # keep its end, where the suffix is
+        name = name.encode()[-LONGEST:].decode(errors="ignore")
     return f"{digest}-{name}"
+
+
+# a name's bytes kept at most: with the hash and its lock file's suffix, under 255 (the most
+# a file name may have on Linux file systems)
+LONGEST = 200
+CACHED = re.compile(r"[0-9a-f]{12}-.+")  # every name ``cache_name`` gives
+
+
+# The lock files this process has open. A lock of ``flock`` belongs to the open file, which a
+# forked child (a DataLoader worker) shares: had the child kept them, a lock the parent gave up
+# would stay held as long as the child lived, and a worker could wait on a download lock that only
+# its own copy still holds. So a child points its copies at /dev/null as it starts.
+_LOCK_FILES = set()
+_OPENING = threading.Lock()  # no fork between opening a lock file and adding it, or the reverse
+
+
+def _open_lock(path):
+    with _OPENING:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        _LOCK_FILES.add(descriptor)
+    return descriptor
+
+
+def _close_lock(descriptor):
+    """Close a lock file, which releases its lock (unless a forked child shares it)."""
+    with _OPENING:
+        _LOCK_FILES.discard(descriptor)
+        os.close(descriptor)
+
+
+def _let_go_of_parents_locks():
+    """In a forked child: the parent's lock files closed here (``/dev/null`` in their place, so
+    that the objects holding the numbers close something of their own); the parent keeps them."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    for descriptor in _LOCK_FILES:
+        os.dup2(null, descriptor)
+    os.close(null)
+    _LOCK_FILES.clear()
+    _OPENING.release()
+
+
+os.register_at_fork(
+    before=_OPENING.acquire,
+    after_in_parent=_OPENING.release,
+    after_in_child=_let_go_of_parents_locks,
+)
 
 
 @contextmanager
 def flocked(path, operation):
     """Hold ``fcntl.flock(operation)`` on the lock file ``path`` (created when missing) for the
     block."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    descriptor = _open_lock(path)
     try:
         fcntl.flock(descriptor, operation)
         yield
     finally:
-        os.close(descriptor)  # closing releases the lock
+        _close_lock(descriptor)  # closing releases the lock
 
 
 class Pin:
@@ -68,7 +123,7 @@ class Pin:
     def release(self):
         """Let eviction remove the shard again (a second call does nothing)."""
         if self._descriptor is not None:
-            os.close(self._descriptor)
+            _close_lock(self._descriptor)
             self._descriptor = None
 
 
@@ -97,7 +152,7 @@ class ShardCache:
         when done reading."""
         name = cache_name(url)
         path = self.root / name
-        descriptor = os.open(self._lock_file(name, "pin"), os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = _open_lock(self._lock_file(name, "pin"))
         try:
             fcntl.flock(descriptor, fcntl.LOCK_SH)  # waits only for an eviction in progress
             if path.exists():
@@ -106,7 +161,7 @@ class ShardCache:
             else:
                 outcome = self._download(url, path)
         except BaseException:
-            os.close(descriptor)
+            _close_lock(descriptor)
             raise
         self._record(outcome, name, path.stat().st_size)
         return Pin(path, descriptor, outcome)
@@ -119,6 +174,11 @@ class ShardCache:
                 os.utime(path)
                 return WAITED
             data = fetch_shard(url)  # one GET; errors name the URL
+            if is_tar(data) and (len(data) % BLOCK or data[-len(END_OF_TAR) :] != END_OF_TAR):
+                raise TarFormatError(
+                    f"{url}: {len(data):,} bytes came, without the blocks that end a tar: the "
+                    "download was cut short, or the shard is (it is not kept in the cache)"
+                )
             # room made and file written by one process at a time, so the sizes add up
             with flocked(self.root / ".locks" / "cache", fcntl.LOCK_EX):
                 self._make_room(len(data))
@@ -128,10 +188,12 @@ class ShardCache:
 
     def entries(self):
         """``[(last use in ns, bytes, name)]`` of the shards in the cache, least recently used
-        first; hidden files (locks, the journal, downloads in progress) are not shards."""
+        first: the files named as ``cache_name`` names them. Hidden files (locks, the journal,
+        downloads in progress) are no shards, and other files in the folder are not the cache's:
+        they are neither counted nor evicted."""
         found = []
         for entry in os.scandir(self.root):
-            if entry.name.startswith(".") or not entry.is_file():
+            if not CACHED.fullmatch(entry.name) or not entry.is_file():
                 continue
             with suppress(FileNotFoundError):  # evicted meanwhile
                 stat = entry.stat()
@@ -178,7 +240,7 @@ class ShardCache:
         if not self.journal.exists():
             return []
         lines = self.journal.read_text().splitlines()[since:]
-        return [(event, name, int(size)) for event, name, size in map(str.split, lines)]
+        return [_event(line) for line in lines]
 
     def read(self, url):
         """The bytes of the shard at ``url`` (decompressed, as ``shardread.read_shard`` gives
@@ -186,7 +248,7 @@ class ShardCache:
         mapping alone."""
         pin = self.pin(url)
         try:
-            return read_shard(str(pin.path))
+            return decompressed(fetch_shard(str(pin.path)), url)
         finally:
             pin.release()
 
@@ -237,10 +299,18 @@ class PrefetchedReads:
             raise RuntimeError(f"asked for {url}, and the prefetched order has {expected} next")
         if isinstance(path, Exception):
             raise path
-        return read_shard(path)
+        return decompressed(fetch_shard(path), url)  # errors name the URL, not the copy
 
     def close(self):
         self._prefetched.close()
+
+
+def _event(line):
+    """``(event, name, bytes)`` of a journal line ``event name bytes``, the name perhaps with
+    spaces."""
+    event, rest = line.split(" ", 1)
+    name, size = rest.rsplit(" ", 1)
+    return event, name, int(size)
 
 
 def hit_rate(events):
