@@ -21,7 +21,8 @@ The folder must be on a local disk: ``flock`` coordinates the processes of one m
 to be trusted on network filesystems. Only files named as the cache names them are its shards:
 other files in the folder are neither counted nor evicted. A copy is kept as long as there is room,
 without asking the store again: a shard set is read as written, and a new version of a shard needs
-a new name (or the cache's folder emptied). A download that is no whole tar is not kept.
+a new name (or the cache's folder emptied). An uncompressed tar whose download lacks the blocks
+that end a tar (cut short) is not kept.
 """
 
 import fcntl
