@@ -12,6 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from packdata.atomic import temporary_prefix
 from packdata.cachebench import compare_sources
 from packdata.netstore import NetworkStore
 from packdata.shardcache import (
@@ -20,6 +21,7 @@ from packdata.shardcache import (
     MISS,
     WAITED,
     ShardCache,
+    cache_name,
     hit_rate,
 )
 from packdata.shardread import count_shard_samples
@@ -214,6 +216,18 @@ def test_a_shard_cut_short_is_not_kept_and_is_fetched_again_once_whole(store, sh
         assert bytes(cache.read(url)) == whole
     finally:
         cut.unlink()
+
+
+def test_what_a_killed_download_left_goes_when_the_shard_is_downloaded_again(
+    store, shard_dir, tmp_path
+):
+    cache = ShardCache(tmp_path, max_bytes=10**9)
+    url = urls_of(store, shard_dir)[0]
+    leftover = tmp_path / f"{temporary_prefix(cache_name(url))}k1ll3d"  # as mkstemp names it
+    leftover.write_bytes(b"the first 4 MB of a download")
+    pin = cache.pin(url)
+    pin.release()
+    assert pin.outcome == MISS and not leftover.exists()
 
 
 def test_an_error_in_a_cached_shard_names_its_url(store, shard_dir, tmp_path):

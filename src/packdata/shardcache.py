@@ -26,6 +26,7 @@ that end a tar (cut short) is not kept.
 """
 
 import fcntl
+import glob
 import hashlib
 import os
 import re
@@ -34,7 +35,7 @@ from collections import Counter
 from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 
-from .atomic import written_atomically
+from .atomic import temporary_prefix, written_atomically
 from .compression import decompressed, is_tar
 from .httpclient import file_name, unsigned
 from .readahead import fetched_ahead
@@ -174,6 +175,9 @@ class ShardCache:
             if path.exists():
                 os.utime(path)
                 return WAITED
+            # what a download of this shard killed part-way left (none runs: this lock is ours)
+            for leftover in self.root.glob(f"{glob.escape(temporary_prefix(path.name))}*"):
+                leftover.unlink(missing_ok=True)
             data = fetch_shard(url)  # one GET; errors name the URL
             if is_tar(data) and (len(data) % BLOCK or data[-len(END_OF_TAR) :] != END_OF_TAR):
                 raise TarFormatError(
