@@ -96,6 +96,11 @@ def test_one_local_shard_spelled_two_ways_is_refused_naming_both(second, monkeyp
         expand_shards(["a.tar", second])
 
 
+def test_one_url_spelled_two_ways_is_refused_naming_both():
+    with pytest.raises(ValueError, match="one shard, as 'http://h/train.tar' and as"):
+        expand_shards(["http://h/train.tar", "http://H/%74rain.tar"])
+
+
 def test_the_same_file_name_in_two_folders_or_servers_is_two_shards():
     names = ["a/x.tar", "b/x.tar", "http://h1/x.tar", "http://h2/x.tar"]
     assert expand_shards(names) == names

@@ -10,6 +10,7 @@ shard writer (``shardwrite``) and every reader (``shardread``, ``streaming``, th
 
 import hashlib
 import os
+import urllib.parse
 from itertools import groupby
 from pathlib import Path
 
@@ -63,9 +64,15 @@ def expand_shards(shards):
 
 
 def _one_spelling(name):
-    """A local path as one absolute path (``a.tar``, ``./a.tar`` and ``/cwd/a.tar`` are one shard);
-    a URL as it is. Links are not followed: that would touch the file system for every shard."""
-    return name if is_url(name) else os.path.normpath(os.path.abspath(name))
+    """A local path as one absolute path (``a.tar``, ``./a.tar`` and ``/cwd/a.tar`` are one shard;
+    links are not followed: that would touch the file system for every shard); a URL with its
+    scheme and host in lower case and its path's %-escapes decoded (``http://Host/%74rain.tar`` is
+    ``http://host/train.tar``)."""
+    if not is_url(name):
+        return os.path.normpath(os.path.abspath(name))
+    parts = urllib.parse.urlsplit(name)
+    path = urllib.parse.unquote(parts.path)
+    return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, *parts[3:]))
 
 
 def is_meta(name):
