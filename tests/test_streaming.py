@@ -96,9 +96,23 @@ def test_one_local_shard_spelled_two_ways_is_refused_naming_both(second, monkeyp
         expand_shards(["a.tar", second])
 
 
-def test_one_url_spelled_two_ways_is_refused_naming_both():
-    with pytest.raises(ValueError, match="one shard, as 'http://h/train.tar' and as"):
-        expand_shards(["http://h/train.tar", "http://H/%74rain.tar"])
+@pytest.mark.parametrize(
+    "second",
+    ["http://H/%74rain.tar", "http://h/./train.tar", "http://h/train.tar?X-Amz-Signature=1"],
+)
+def test_one_url_spelled_two_ways_is_refused_naming_both(second):
+    with pytest.raises(ValueError, match=re.escape(f"as 'http://h/train.tar' and as '{second}'")):
+        expand_shards(["http://h/train.tar", second])
+
+
+def test_urls_that_differ_in_what_they_read_are_two_shards():
+    names = [
+        "http://h/a//b.tar",
+        "http://h/a/b.tar",
+        "http://h/b.tar?versionId=2",
+        "http://h/b.tar",
+    ]
+    assert expand_shards(names) == names
 
 
 def test_the_same_file_name_in_two_folders_or_servers_is_two_shards():

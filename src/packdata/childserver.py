@@ -10,8 +10,10 @@ The child side is ``serve_until_told``: print the address, wait for the line, st
 A child whose parent dies sees its standard input close, and stops too.
 """
 
+import os
 import subprocess
 import sys
+import warnings
 
 
 class ChildServer:
@@ -35,7 +37,16 @@ class ChildServer:
 
     def stop(self, timeout=5.0):
         """Tell the process to stop, giving requests in progress ``timeout`` s; True when all of
-        them ended in time."""
+        them ended in time. A process that had ended already (killed, say) is said so in a
+        warning, with its exit status."""
+        if self.process.poll() is not None:
+            status = self.process.returncode
+            self.process.stdin.close()
+            self.process.stdout.close()
+            self.process = None
+            ended = f"the {self.name} process had ended already (exit status {status})"
+            warnings.warn(ended, stacklevel=3)  # the caller of the server's own stop
+            return True  # no request is left running
         try:
             answer, _ = self.process.communicate(f"{timeout}\n", timeout=timeout + 10)
         except subprocess.TimeoutExpired:
@@ -52,4 +63,7 @@ def serve_until_told(address, shut_down):
     print("listening", *address, flush=True)
     timeout = float(sys.stdin.readline() or 0)
     ended = shut_down(timeout)
-    print("stopped" if ended else "requests still running", flush=True)
+    try:
+        print("stopped" if ended else "requests still running", flush=True)
+    except BrokenPipeError:  # the parent is gone (it died, or exited without stop): nobody asks
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit either

@@ -76,6 +76,24 @@ class FileChangedError(OSError):
     """An archive changed after its index was read: the offsets no longer point at its members."""
 
 
+def _check_part(response, url, start, etag):
+    """A 206 answer is the part asked for, of the version asked for, as far as its headers say:
+    ``Content-Range`` starts at ``start``, and its ``ETag`` (when both sides have one) is ``etag``
+    (compared weakly: a proxy that ignores ``If-Match`` still labels what it sends)."""
+    where = response.getheader("Content-Range", "")
+    if not where.startswith(f"bytes {start}-"):
+        raise OSError(
+            f"GET {url}: asked for bytes from offset {start}, the server sent {where or 'a part'} "
+            "(Content-Range): refusing bytes from another place"
+        )
+    sent = response.getheader("ETag")
+    if etag and sent and sent.removeprefix("W/") != etag.removeprefix("W/"):
+        raise FileChangedError(
+            f"{url} changed after it was opened (it was version {etag}, the server sent {sent}): "
+            "open it again, e.g. build the dataset anew"
+        )
+
+
 class HttpClient:
     """Requests against one ``http://`` base URL over keep-alive connections: one per process and
     thread, opened on first use. Pickles as plain data, so DataLoader workers (fork or spawn) each
@@ -110,7 +128,8 @@ class HttpClient:
         headers = {"Range": f"bytes={start}-{start + length - 1}"}
         if etag and not etag.startswith("W/"):
             headers["If-Match"] = etag
-        body = self._expect("GET", relpath, headers, HTTPStatus.PARTIAL_CONTENT)[1]
+        response, body = self._expect("GET", relpath, headers, HTTPStatus.PARTIAL_CONTENT)
+        _check_part(response, self.url_for(relpath), start, etag)
         if len(body) != length:
             raise OSError(
                 f"GET {self.url_for(relpath)} returned {len(body)} of the {length} bytes asked for "

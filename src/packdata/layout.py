@@ -16,7 +16,7 @@ from pathlib import Path
 
 from braceexpand import braceexpand
 
-from .httpclient import file_name, is_url
+from .httpclient import file_name, is_url, unsigned
 
 
 def split_member(name):
@@ -65,14 +65,28 @@ def expand_shards(shards):
 
 def _one_spelling(name):
     """A local path as one absolute path (``a.tar``, ``./a.tar`` and ``/cwd/a.tar`` are one shard;
-    links are not followed: that would touch the file system for every shard); a URL with its
-    scheme and host in lower case and its path's %-escapes decoded (``http://Host/%74rain.tar`` is
-    ``http://host/train.tar``)."""
+    links are not followed: that would touch the file system for every shard); a URL without its
+    signature (``httpclient.unsigned``: one object presigned twice), with its scheme and host in
+    lower case, its path's %-escapes decoded and its ``.`` and ``..`` segments resolved
+    (``http://Host/./%74rain.tar`` is ``http://host/train.tar``)."""
     if not is_url(name):
         return os.path.normpath(os.path.abspath(name))
-    parts = urllib.parse.urlsplit(name)
-    path = urllib.parse.unquote(parts.path)
+    parts = urllib.parse.urlsplit(unsigned(name))
+    path = _without_dot_segments(urllib.parse.unquote(parts.path))
     return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, *parts[3:]))
+
+
+def _without_dot_segments(path):
+    """A URL's path with its ``.`` and ``..`` segments resolved, as a client resolves them (RFC
+    3986); other segments, empty ones too, stay."""
+    kept = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if len(kept) > 1:  # never the empty segment before the first "/"
+                kept.pop()
+        elif segment != ".":
+            kept.append(segment)
+    return "/".join(kept)
 
 
 def is_meta(name):

@@ -337,13 +337,16 @@ class DatasetClient:
 
     def request(self, method, path, body=None, headers=None):
         """``(status, body)`` of one request (``HttpClient.request`` says when it is repeated); any
-        status of 400 or more raises ``ServiceError``."""
+        status but a success (2xx) raises ``ServiceError``: an error, and also a redirect (from a
+        proxy, say), whose page is not what was asked for."""
         response, data = self.http.request(method, self.url + path, body, headers)
-        if response.status >= 400:
+        if not 200 <= response.status < 300:
             try:
                 message = json.loads(data)["error"]
             except (ValueError, KeyError, TypeError):
                 message = data.decode("utf-8", "replace")
+            if 300 <= response.status < 400:
+                message = f"redirected to {response.getheader('Location')}, not followed"
             raise ServiceError(response.status, f"{method} /{path}: {message}")
         return response.status, data
 

@@ -128,8 +128,10 @@ def _download(url, target):
 
 def stage(urls, scratch, threads=4, progress=True):
     """Copy shards (``http://`` URLs, a brace pattern or paths) into the local folder ``scratch``,
-    in parallel; files already there are kept. Returns the local paths in order. Each keeps its file
-    name, so two shards with the same name (in different folders) are refused."""
+    in parallel; files already there are kept (each was copied whole: a run stopped part-way goes
+    on where it stopped), without asking the store whether it still holds the same: stage each
+    version of a dataset into a folder of its own. Returns the local paths in order. Each keeps its
+    file name, so two shards with the same name (in different folders) are refused."""
     urls = expand_shards(urls)
     targets = local_targets(urls, scratch)
     missing = [(url, target) for url, target in zip(urls, targets) if not target.exists()]
