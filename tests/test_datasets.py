@@ -2,10 +2,12 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import re
 import shutil
 import tarfile
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -17,7 +19,13 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
 from packdata import netstore as store_module
-from packdata.datasets import FolderDataset, HttpDataset, IndexedTarDataset, ZipDataset
+from packdata.datasets import (
+    FolderDataset,
+    HttpDataset,
+    IndexedTarDataset,
+    WorkerSafeZipDataset,
+    ZipDataset,
+)
 from packdata.httpclient import FileChangedError, HttpRangeFile
 from packdata.imagefolder import load_manifest
 from packdata.images import decode_image
@@ -496,3 +504,61 @@ def test_a_member_that_is_not_an_image_names_the_archive_and_member(archives, tm
     ) as error:
         dataset[2]
     assert isinstance(error.value.__cause__, UnidentifiedImageError)
+
+
+def test_a_zip_replaced_after_the_dataset_was_built_is_refused_by_a_new_worker(archives, tmp_path):
+    zip_path = tmp_path / "t.zip"
+    shutil.copy(archives / "jpeg.zip", zip_path)
+    dataset = WorkerSafeZipDataset(zip_path)
+    worker = pickle.loads(pickle.dumps(dataset))  # as a spawned worker gets it: no handle yet
+    os.replace(shutil.copy(archives / "raw.zip", tmp_path / "new.zip"), zip_path)  # re-packed
+    with pytest.raises(FileChangedError, match=r"t\.zip changed after it was indexed"):
+        worker.read_bytes(0)
+
+
+def test_a_tar_written_over_in_place_is_refused_through_an_open_handle(archives, tmp_path):
+    tar = tmp_path / "t.tar"
+    shutil.copy(archives / "raw.tar", tar)
+    dataset = IndexedTarDataset(tar)
+    dataset.read_bytes(0)  # its handle is open now, as in a persistent worker
+    shutil.copyfile(archives / "raw.tar", tar)  # same inode and size, as cp does; a new mtime
+    os.utime(tar, ns=(time.time_ns(), time.time_ns() + 10**9))
+    with pytest.raises(FileChangedError, match=r"t\.tar changed after it was indexed"):
+        dataset.read_bytes(1)
+
+
+def test_a_relative_path_names_the_same_file_after_a_chdir(archives, tiny_dataset, monkeypatch):
+    monkeypatch.chdir(archives)
+    made = {
+        "zip": WorkerSafeZipDataset("jpeg.zip"),
+        "tar": IndexedTarDataset("jpeg.tar"),
+        "folder": FolderDataset(os.path.relpath(tiny_dataset)),
+    }
+    expected = {kind: dataset.read_bytes(0) for kind, dataset in made.items()}
+    monkeypatch.chdir(tiny_dataset)  # the same names, relative to here, are other files or none
+    for kind, dataset in made.items():
+        again = pickle.loads(pickle.dumps(dataset))  # a worker opens its own
+        assert again.read_bytes(0) == expected[kind], kind
+
+
+def test_a_zip_holding_one_name_twice_is_refused_naming_both(archives, tmp_path):
+    zip_path = tmp_path / "twice.zip"
+    shutil.copy(archives / "jpeg.zip", zip_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name as it writes it
+        with zipfile.ZipFile(zip_path, "a") as archive:
+            archive.writestr("000000.jpg", b"another")
+    with pytest.raises(zipfile.BadZipFile, match=r"duplicate member '000000\.jpg', at offsets 0 "):
+        ZipDataset(zip_path)
+
+
+@pytest.mark.parametrize(
+    "members", [[], None, {"000000.jpg": [1536]}, {"000000.jpg": None}, {"000000.jpg": [-1, 5]}]
+)
+def test_an_index_file_whose_members_are_damaged_is_rebuilt(tiny_dataset, tmp_path, members):
+    tar = pack_tar(tiny_dataset, tmp_path / "t.tar", progress=False)
+    expected = IndexedTarDataset(tar).read_bytes(0)
+    stored = json.loads(index_path(tar).read_text())
+    stored["members"] = members
+    index_path(tar).write_text(json.dumps(stored))
+    assert IndexedTarDataset(tar).read_bytes(0) == expected

@@ -154,6 +154,15 @@ def test_nothing_to_shuffle_and_bad_settings_are_errors(tmp_path):
         two_pass_shuffle([ShardSource(str(empty))], tmp_path / "out", buckets=2)
     with pytest.raises(ValueError, match="buckets and maxcount must be at least 1"):
         two_pass_shuffle([ShardSource(str(empty))], tmp_path / "out", buckets=0)
+    with pytest.raises(ValueError, match="no inputs: sources is empty"):
+        two_pass_shuffle([], tmp_path / "out", buckets=2)
+
+
+def test_sources_given_as_a_generator_are_all_read(tmp_path):
+    a = write_tar(tmp_path / "a.tar", [(f"{i:03d}", {"cls": b"1"}) for i in range(10)]).path
+    sources = (ShardSource(str(path)) for path in [a])
+    result = two_pass_shuffle(sources, tmp_path / "out", buckets=2)
+    assert sorted(key for key, _ in written(result)) == [f"{i:03d}" for i in range(10)]
 
 
 def test_quality_of_two_pass_matches_a_full_shuffle_and_beats_chunks():

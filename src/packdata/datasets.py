@@ -71,7 +71,7 @@ class FolderDataset(EncodedImageDataset):
     when present."""
 
     def __init__(self, root, transform=None, decoder="pil"):
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(root))  # the same folder after a chdir, in every worker
         if (self.root / "manifest.json").exists():
             classes, rows = samples_from_manifest(load_manifest(self.root))
         else:
@@ -162,11 +162,16 @@ def _check_every_label_has_an_image(archive, samples, labels, labels_from, image
     )
 
 
-def open_zip(archive):
-    """A ``zipfile.ZipFile`` of ``archive`` (a path or an ``http://`` URL); a file that is not a
-    readable ZIP raises ``BadZipFile`` naming it."""
+def open_zip(archive, version=None):
+    """A ``zipfile.ZipFile`` of ``archive`` (a path or an ``http://`` URL), with a local
+    ``version`` (``version_of``) only if the file is still that one (else ``FileChangedError``); a
+    file that is not a readable ZIP raises ``BadZipFile`` naming it."""
+    if is_url(archive):
+        source = HttpRangeFile(archive)
+    else:
+        source = archive if version is None else open_version(*version)
     try:
-        return zipfile.ZipFile(HttpRangeFile(archive) if is_url(archive) else archive)
+        return zipfile.ZipFile(source)
     except zipfile.BadZipFile as error:
         raise zipfile.BadZipFile(
             f"{archive} is not a readable ZIP (corrupt or truncated): {error}"
@@ -189,7 +194,14 @@ class ZipDataset(EncodedImageDataset):
 
     def _samples(self):
         """``(classes, rows)`` from the ZIP's central directory and its manifest member."""
-        sizes = {info.filename: info.file_size for info in self.zip_file.infolist()}
+        sizes, offsets = {}, {}
+        for info in self.zip_file.infolist():
+            if info.filename in sizes:  # the central directory would read only one of them
+                raise zipfile.BadZipFile(
+                    f"{self.archive}: duplicate member {info.filename!r}, at offsets "
+                    f"{offsets[info.filename]} and {info.header_offset}"
+                )
+            sizes[info.filename], offsets[info.filename] = info.file_size, info.header_offset
         if ZIP_MANIFEST not in sizes:
             raise LookupError(
                 f"{self.archive} has no {ZIP_MANIFEST} member: it was not written by pack_zip"
@@ -208,6 +220,11 @@ class ZipDataset(EncodedImageDataset):
         except zipfile.BadZipFile as error:
             reason = brief(str(error))
             raise zipfile.BadZipFile(f"{member_of(self.archive, name)}: {reason}") from error
+        except KeyError:
+            raise FileChangedError(
+                f"{member_of(self.archive, name)} is not in the archive: did it change after the "
+                "dataset was built?"
+            ) from None
 
     def read_bytes(self, index):
         return self.read_member(self.paths[index])
@@ -224,7 +241,8 @@ class WorkerSafeZipDataset(ZipDataset):
 
     def __init__(self, archive, transform=None, decoder="pil"):
         self.archive = str(archive)
-        self._zip = PerProcessHandle(partial(open_zip, self.archive))
+        version = version_of(self.archive)  # each process checks it opens this one
+        self._zip = PerProcessHandle(partial(open_zip, self.archive, version))
         # ZipDataset's would open a handle
         EncodedImageDataset.__init__(self, *self._samples(), transform, decoder)
 
@@ -254,18 +272,36 @@ def remote_tar_index(remote):
     return index_members(remote, remote.name)
 
 
+def version_of(path):
+    """``(absolute path, size, modification time)`` of a local file, None for a URL: what
+    ``open_version`` checks (absolute, so that a worker finds the same file after a chdir)."""
+    if is_url(path):
+        return None
+    stat = os.stat(path)
+    return os.path.abspath(path), stat.st_size, stat.st_mtime_ns
+
+
 def open_version(path, size, mtime_ns):
     """``path`` opened unbuffered for reading, when it is still the version of ``size`` bytes last
     modified at ``mtime_ns``; else ``FileChangedError``."""
     file = open(path, "rb", buffering=0)  # noqa: SIM115 (returned open: the caller closes it)
-    stat = os.fstat(file.fileno())
-    if (stat.st_size, stat.st_mtime_ns) != (size, mtime_ns):
+    try:
+        check_version(file.fileno(), path, size, mtime_ns)
+    except FileChangedError:
         file.close()
+        raise
+    return file
+
+
+def check_version(descriptor, path, size, mtime_ns):
+    """``FileChangedError`` unless the open file is still of ``size`` bytes, last modified at
+    ``mtime_ns`` (one ``fstat``: a file written over in place keeps its descriptor open)."""
+    stat = os.fstat(descriptor)
+    if (stat.st_size, stat.st_mtime_ns) != (size, mtime_ns):
         raise FileChangedError(
             f"{path} changed after it was indexed (size or modification time differ): "
             "build the dataset anew"
         )
-    return file
 
 
 class IndexedTarDataset(EncodedImageDataset):
@@ -291,13 +327,10 @@ class IndexedTarDataset(EncodedImageDataset):
             )
             self.members = remote_tar_index(remote)
         else:
-            self.client = None
-            version = os.stat(self.tar_path)
+            self.client, self.version = None, version_of(self.tar_path)
             self.members = load_index(self.tar_path)
             # each process opens its own, and checks it is the version that was indexed
-            self._tar = PerProcessHandle(
-                partial(open_version, self.tar_path, version.st_size, version.st_mtime_ns)
-            )
+            self._tar = PerProcessHandle(partial(open_version, *self.version))
         classes, labels, labels_from = self._labels()
         sizes = {name: size for name, (_, size) in self.members.items()}
         super().__init__(
@@ -333,10 +366,10 @@ class IndexedTarDataset(EncodedImageDataset):
         offset, size = self.members[name]
         if self.client is not None:
             return self.client.get_range(self.relpath, offset, size, self.etag)
+        descriptor = self._tar.get().fileno()
+        check_version(descriptor, self.tar_path, *self.version[1:])  # not written over since
         hint = "did it change after it was indexed?"
-        return pread_exactly(
-            self._tar.get().fileno(), size, offset, self.tar_path, f"member {name!r}", hint
-        )
+        return pread_exactly(descriptor, size, offset, self.tar_path, f"member {name!r}", hint)
 
     def read_bytes(self, index):
         return self.read_member(self.paths[index])

@@ -7,6 +7,7 @@ whose tar has changed since is stale, and is rebuilt (or refused, with ``rebuild
     offset, size = members["000042.jpg"]
 """
 
+import errno
 import json
 import warnings
 from pathlib import Path
@@ -69,7 +70,9 @@ def build_index(tar_path):
     try:
         with written_atomically(index_path(tar_path)) as file:
             file.write(json.dumps(stored).encode("utf-8"))
-    except PermissionError as error:
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only mount: EROFS
+            raise
         warnings.warn(
             f"cannot store the index of {tar_path} next to it ({error.strerror}): it is kept in "
             "memory, "
@@ -90,7 +93,19 @@ def mismatch(stored, tar_size, tar_mtime_ns=None):
         return f"stale: it is of a tar of {stored.get('tar_size')} bytes, this one holds {tar_size}"
     if tar_mtime_ns not in (None, stored.get("tar_mtime_ns")):
         return "stale: the tar was modified after it was indexed (its mtime changed)"
+    if not _spans(stored.get("members")):
+        return "unreadable: its members are not names with an offset and a size each"
     return None
+
+
+def _spans(members):
+    """True when ``members`` is ``{name: [offset, size]}`` of whole numbers, none negative."""
+    return isinstance(members, dict) and all(
+        isinstance(span, list)
+        and len(span) == 2
+        and all(isinstance(number, int) and number >= 0 for number in span)
+        for span in members.values()
+    )
 
 
 def current_members(stored, tar_size, tar_mtime_ns=None):

@@ -258,9 +258,14 @@ def two_pass_shuffle(
     (a run killed outright leaves it behind), and nothing else of ``work_dir``: runs may share it.
     On a cluster, both folders must be on a file system every worker sees. The shards are
     written into it too and moved into place only when all are written; older
-    ``<prefix>-NNNNNN.tar`` beyond the new set are then removed."""
+    ``<prefix>-NNNNNN.tar`` beyond the new set are then removed. (A stop during those moves can
+    still mix the two sets, as with ``shardwrite.ShardWriter``: renaming many files is not
+    atomic.)"""
     if buckets < 1 or maxcount < 1:
         raise ValueError(f"buckets and maxcount must be at least 1, got {buckets} and {maxcount}")
+    sources = list(sources)  # read twice below: a generator would be empty the second time
+    if not sources:
+        raise ValueError("no inputs: sources is empty, so there is nothing to shuffle")
     out_dir, base = Path(out_dir), Path(work_dir or out_dir)
     for folder in {out_dir, base}:
         folder.mkdir(parents=True, exist_ok=True)
