@@ -30,6 +30,7 @@ from torchvision.transforms import v2
 from packdata.streaming import ShardDataset
 from packdata.system import pick_device
 from packdata.train import SmallCNN, common_steps, evaluate, train_epoch
+from packdata.watchdog import exit_with
 
 
 def say(line):
@@ -129,8 +130,19 @@ def main(argv=None):
     for epoch in range(args.epochs):
         dataset.set_epoch(epoch)
         keys.append([])
-        loader = DataLoader(dataset, batch_size=None, num_workers=args.workers)
+        # workers end with this rank, even killed outright (they are the forkserver's children)
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=args.workers,
+            worker_init_fn=exit_with(os.getpid()),
+        )
         steps = common_steps(len(dataset), args.batch_size)
+        if steps == 0:
+            raise SystemExit(
+                f"rank {rank}: --batch-size {args.batch_size} is more than the {len(dataset)} "
+                "samples a rank has an epoch: no step can run (give a smaller batch, or more data)"
+            )
         loss, seen = train_epoch(model, images_and_labels(loader), optimizer, device, steps)
         steps_run.append(steps)
         say(

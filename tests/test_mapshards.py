@@ -4,6 +4,7 @@ whole or not at all, and a run again after a crash maps only what is missing."""
 import io
 import json
 import multiprocessing
+import os
 import tarfile
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
+from packdata import layout
 from packdata.mapshards import map_shards, resize_sample, resize_shard
 from packdata.shardread import iter_shard_samples
 from packdata.shardwrite import write_shards, write_tar
@@ -130,3 +132,17 @@ def test_an_error_in_the_mapped_function_names_the_shard_and_sample(function, sa
     with pytest.raises(ValueError, match=f"{shard}: sample '(k0|k1)': {said}"):
         map_shards(function, [shard], tmp_path / "out", processes=1, progress=False)
     assert not list((tmp_path / "out").glob("*"))
+
+
+def dies_on_its_third_sample(sample, seen=[]):  # noqa: B006 (counts this process's samples)
+    seen.append(sample["__key__"])
+    if len(seen) == 3:
+        os._exit(137)  # as the out-of-memory killer would end it
+    return layout.members_of(sample)
+
+
+def test_a_task_whose_process_dies_is_named_and_leaves_nothing_behind(shards, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match=r"train-0000\d\d\.tar: its task did not finish"):
+        map_shards(dies_on_its_third_sample, shards[:2], out, processes=2, progress=False)
+    assert not [path for path in out.iterdir() if ".partial-" in path.name]

@@ -120,6 +120,23 @@ def test_the_same_file_name_in_two_folders_or_servers_is_two_shards():
     assert expand_shards(names) == names
 
 
+@pytest.mark.parametrize(
+    "environment, said",
+    [
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set and RANK is not"),
+        ({"RANK": "1"}, "RANK is set and WORLD_SIZE is not"),
+        ({"RANK": "0", "WORLD_SIZE": "two"}, "WORLD_SIZE='two': both must be whole numbers"),
+    ],
+)
+def test_torchrun_variables_half_set_or_no_numbers_are_named(urls, monkeypatch, environment, said):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=said):
+        ShardDataset(urls)
+
+
 def test_more_ranks_than_shards_is_refused(urls):
     with pytest.raises(ValueError, match=f"{len(urls)} shard.*{len(urls) + 1} ranks"):
         ShardDataset(urls, rank=0, world_size=len(urls) + 1)

@@ -8,6 +8,7 @@ Bytes and processes
 - ``atomic``      — files and folders that appear under their name only once complete
 - ``perprocess``  — state of one process: file handles, connections, a function in a pool's workers
 - ``readahead``   — the next shards fetched by a background thread while this one is read
+- ``watchdog``    — DataLoader workers that end with their rank, even one killed outright
 - ``engines``     — an executor on this machine's processes or on a Dask cluster, one interface
 - ``torchrunenv`` — one rank's torchrun variables for a block: this process and its new workers
 - ``ports``       — a free TCP port on loopback

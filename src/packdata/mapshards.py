@@ -156,14 +156,16 @@ def map_shards(function, shards, out_dir, processes=2, progress=True, executor=N
             )
     missing = [(shard, target) for shard, target in pairs if not target.exists()]
     task = partial(_map_pair, function)
-    if executor is not None:
-        written = _run_tasks(executor, task, missing, progress)
-    elif processes <= 1:
-        written = _counted(map(task, missing), len(missing), progress)
-    else:
-        with engines.local(processes) as pool:
-            written = _run_tasks(pool, task, missing, progress)
-    _remove_leftovers(target for _, target in pairs)
+    try:
+        if executor is not None:
+            written = _run_tasks(executor, task, missing, progress)
+        elif processes <= 1:
+            written = _counted(map(task, missing), len(missing), progress)
+        else:
+            with engines.local(processes) as pool:
+                written = _run_tasks(pool, task, missing, progress)
+    finally:  # also when a task failed, or its process died
+        _remove_leftovers(target for _, target in pairs)
     return [
         (target, written[target] if target in written else count_shard_samples(target))
         for _, target in pairs
@@ -177,14 +179,30 @@ def _map_pair(function, pair):
 def _run_tasks(executor, task, items, progress):
     """``{target: samples}`` of ``task(item)`` for each item, submitted to ``executor`` and
     collected as they finish; on the first failure the tasks not started yet are cancelled."""
-    futures = [executor.submit(task, item) for item in items]
+    futures = {executor.submit(task, item): item for item in items}
     try:
         return _counted(
-            (future.result() for future in as_completed(futures)), len(futures), progress
+            (_result(future, futures[future]) for future in as_completed(futures)),
+            len(futures),
+            progress,
         )
     finally:
         for future in futures:
             future.cancel()  # a no-op for those done or running
+
+
+def _result(future, item):
+    """``future.result()``; an error that does not name the task's shard (its process died, say:
+    a pool's ``BrokenProcessPool``, Dask's ``KilledWorker``) is raised naming it."""
+    try:
+        return future.result()
+    except Exception as error:
+        shard = item[0]
+        if shard in str(error):
+            raise
+        raise RuntimeError(
+            f"{shard}: its task did not finish: {type(error).__name__}: {error}"
+        ) from error
 
 
 def _counted(results, total, progress):

@@ -329,7 +329,18 @@ def distributed_rank():
     from the ``RANK`` and ``WORLD_SIZE`` variables ``torchrun`` sets, else ``(0, 1)``."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world_size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None and world_size is None:
+        return 0, 1
+    if rank is None or world_size is None:
+        given, missing = ("RANK", "WORLD_SIZE") if world_size is None else ("WORLD_SIZE", "RANK")
+        raise ValueError(f"{given} is set and {missing} is not: set both (torchrun does), or none")
+    try:
+        return int(rank), int(world_size)
+    except ValueError:
+        raise ValueError(
+            f"RANK={rank!r} and WORLD_SIZE={world_size!r}: both must be whole numbers"
+        ) from None
 
 
 # --- the dataset ----------------------------------------------------------------------------------
