@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 import webdataset
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from packdata import imagefolder, plaingroup, streaming, tario, tarscan
 from packdata.images import decode_image
 from packdata.layout import ShardError, expand_shards
 from packdata.netstore import NetworkStore
-from packdata.shardwrite import write_shards
+from packdata.shardwrite import write_shards, write_tar
 from packdata.streaming import (
     ShardDataset,
     equal_quotas,
@@ -744,3 +745,58 @@ def test_bad_arguments_are_refused(urls):
         ShardDataset(urls, errors="ignore")
     with pytest.raises(ValueError, match="sizes"):
         ShardDataset(urls, sizes=[1])
+
+
+def zeroed_shard(tmp_path, size):
+    """A shard of 6 samples whose members are ``size`` bytes, sample 3's first header zeroed."""
+    samples = [(f"k{i}", {"bin": bytes([i + 1]) * size, "cls": b"1"}) for i in range(6)]
+    path = write_tar(tmp_path / f"zeroed-{size}.tar", samples).path
+    with tarfile.open(path) as tar:
+        header = [member.offset for member in tar][6]
+    data = bytearray(path.read_bytes())
+    data[header : header + 512] = bytes(512)
+    path.write_bytes(bytes(data))
+    return path, header
+
+
+@pytest.mark.parametrize("size", [10, 100_000])  # mapped, and read member by member
+def test_a_header_overwritten_with_zeros_is_damage_not_the_end(tmp_path, size):
+    path, offset = zeroed_shard(tmp_path, size)
+    said = f"{path}: a zero block at offset {offset}, then data"
+    with pytest.raises(tario.TarFormatError, match=re.escape(said)):
+        list(ShardDataset([str(path)], keys=("__key__",), decode=False))
+    skipping = ShardDataset([str(path)], keys=("__key__",), decode=False, errors="skip")
+    with pytest.warns(UserWarning, match="the rest of 1 damaged shard"):
+        assert [key for (key,) in skipping] == ["k0", "k1", "k2"]
+    with pytest.raises(tario.TarFormatError, match=re.escape(said)):
+        list(tario.stream_members(io.BytesIO(path.read_bytes()), str(path)))
+
+
+def test_a_tar_that_ends_in_one_zero_block_or_many_reads_whole(tmp_path):
+    whole = write_tar(tmp_path / "a.tar", [("k", {"cls": b"1"})]).path.read_bytes()
+    for name, data in [("one", whole[:-512]), ("padded", whole + bytes(10240))]:
+        (tmp_path / f"{name}.tar").write_bytes(data)
+        found = ShardDataset([str(tmp_path / f"{name}.tar")], keys=("__key__",), decode=False)
+        assert [key for (key,) in found] == ["k"]
+
+
+def test_the_skip_warning_comes_every_epoch(urls, tmp_path):
+    dataset = ShardDataset(
+        [*urls[:1], str(tmp_path / "missing.tar")], keys=("__key__",), decode=False, errors="skip"
+    )
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        with pytest.warns(UserWarning, match="skipped 1 shard"):
+            list(dataset)
+
+
+@pytest.mark.parametrize("extension", ["png", "npy"])
+def test_an_image_too_large_for_pil_or_an_empty_array_is_a_counted_skip(tmp_path, extension):
+    huge = io.BytesIO()
+    Image.new("1", (20_000, 20_000)).save(huge, format="PNG")  # 2 KB, 400 million pixels
+    data = {"png": huge.getvalue(), "npy": b""}[extension]
+    shard = write_tar(tmp_path / "a.tar", [("a", {extension: data, "cls": b"1"})]).path
+    dataset = ShardDataset([str(shard)], keys=(extension, "cls"), errors="skip")
+    with pytest.warns(UserWarning, match="cannot decode sample 'a'"):
+        assert list(dataset) == []
+    assert dataset.last_skips.samples == 1

@@ -312,6 +312,11 @@ def walk_headers(descriptor, end):
         at = position - base
         header = window[at : at + BLOCK]
         if header == ZERO_BLOCK:
+            following = window[at + BLOCK : at + 2 * BLOCK]
+            if len(following) < BLOCK:
+                following = os.pread(descriptor, BLOCK, position + BLOCK)
+            if following.count(0) != len(following):
+                return None  # a header overwritten with zeros: the mapped path names it
             return (headers, starts, small) if headers else None
         try:
             size = int(header[124:135], 8)

@@ -144,7 +144,8 @@ class FileHandler(BaseHTTPRequestHandler):
         served = self.server.served
         if not served.bandwidth:  # no cap: the kernel copies file to socket (sendfile), as a
             served.count(bytes_served=length)  # real file server does
-            self.connection.sendfile(file, offset=file.tell(), count=length)
+            if length:  # sendfile refuses a count of 0: an empty file has no body
+                self.connection.sendfile(file, offset=file.tell(), count=length)
             return
         started, sent = time.perf_counter(), 0
         while sent < length:

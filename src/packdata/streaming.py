@@ -27,6 +27,7 @@ from functools import partial
 from itertools import chain, islice
 
 import torch
+from PIL import Image
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from .compression import CompressionError
@@ -248,7 +249,8 @@ def decode(items, keys, transform, decoder, report, same_size=False):
                 decode_field(value, key, is_image, decoder)
                 for value, (key, is_image) in zip(item, kinds)
             ]
-        except (OSError, ValueError, RuntimeError) as error:
+        # how decoders say "not this": PIL's guard against huge images and numpy's empty file too
+        except (OSError, ValueError, RuntimeError, EOFError, Image.DecompressionBombError) as error:
             report(ShardError(f"{shard}: cannot decode sample {sample_key!r}: {error}"))
             continue
         if transform is not None:
@@ -622,7 +624,9 @@ class ShardDataset(IterableDataset):
         yield from samples
         self.last_skips = skips
         if skips:
-            warnings.warn(skips.summary(), stacklevel=2)
+            with warnings.catch_warnings():  # every epoch's, not only the first text of its kind
+                warnings.simplefilter("always")
+                warnings.warn(skips.summary(), stacklevel=2)
 
 
 def _worker():

@@ -273,6 +273,18 @@ def missing_end_warning(archive, previous):
     )
 
 
+def check_end(archive, position, following):
+    """A zero block at ``position`` ends the tar when ``following``, the block after it (shorter at
+    the end of the file, empty after its last byte), is zero too; a zero block with data after it
+    is a header overwritten with zeros: ``TarFormatError`` naming the offset, where tar (and
+    ``tarfile``) would end there and lose every member after it without a word."""
+    if following.count(0) != len(following):
+        raise TarFormatError(
+            f"{archive}: a zero block at offset {position}, then data: a tar ends with two zero "
+            "blocks, so a header there was overwritten with zeros"
+        )
+
+
 def _read_upto(fileobj, count):
     """Up to ``count`` bytes: fewer only at the end of the file."""
     chunks, missing = [], count
@@ -338,6 +350,7 @@ def _walk(fileobj, name, keep_data):
             raise truncated_error(archive, what, BLOCK, len(block))
         header = parse_header(block, archive, position)
         if header is None:
+            check_end(archive, position, _read_upto(fileobj, BLOCK))
             return
         header = replace(header, **overrides)
         member = f"member {header.name!r} at offset {header.offset}"

@@ -25,6 +25,7 @@ from .tario import (
     FileSpans,
     TarFormatError,
     TarHeader,
+    check_end,
     missing_end_warning,
     negative_size_error,
     number_field,
@@ -165,7 +166,7 @@ def scan_plain(data, archive="<tar>"):
     if (
         (following[:-1] != candidates[1:]).any()
         or following[-1] >= len(blocks)
-        or blocks[following[-1]].any()
+        or blocks[following[-1] : following[-1] + 2].any()  # two zero blocks, or one at the end
     ):
         return None
     bad = bad_checksums(headers)
@@ -265,6 +266,7 @@ def _walk(data, archive, members, positions):
             what = f"the header at offset {position} ({after})"
             raise truncated_error(archive, what, BLOCK, max(end - position, 0))
         if data[position] == 0 and data[position : position + BLOCK] == ZERO_BLOCK:
+            check_end(archive, position, data[position + BLOCK : position + 2 * BLOCK])
             return
         positions.append(position)
         flag, size = chr(data[position + 156]), overrides.get("size")
