@@ -306,8 +306,9 @@ def check_version(descriptor, path, size, mtime_ns):
 
 class IndexedTarDataset(EncodedImageDataset):
     """The samples of a tar (``pack_tar``'s, or a webdataset shard; a path or an ``http://`` URL),
-    read at random through its member index: one ``pread`` per sample on disk, one Range GET over
-    HTTP. Safe with DataLoader workers under every start method: each process opens the tar itself
+    read at random through its member index: one ``pread`` per sample on disk (after an ``fstat``
+    that finds the tar written over in place), one Range GET over HTTP. Safe with DataLoader
+    workers under every start method: each process opens the tar itself
     (``perprocess.PerProcessHandle``).
 
     A local tar's index is ``<tar>.idx.json``, rebuilt when stale (``tario.load_index``). Classes
@@ -362,7 +363,8 @@ class IndexedTarDataset(EncodedImageDataset):
         return None, labels, "a .cls member"
 
     def read_member(self, name):
-        """The bytes of member ``name``: one ``pread``, or one Range GET over HTTP."""
+        """The bytes of member ``name``: one ``pread`` (the tar's version checked first), or one
+        Range GET over HTTP."""
         offset, size = self.members[name]
         if self.client is not None:
             return self.client.get_range(self.relpath, offset, size, self.etag)
