@@ -800,3 +800,15 @@ def test_an_image_too_large_for_pil_or_an_empty_array_is_a_counted_skip(tmp_path
     with pytest.warns(UserWarning, match="cannot decode sample 'a'"):
         assert list(dataset) == []
     assert dataset.last_skips.samples == 1
+
+
+def test_escaped_question_marks_and_hashes_in_a_url_path_are_other_shards():
+    escaped = ["http://h/a%3Fx=1.tar", "http://h/a?x=1.tar", "http://h/a%23b.tar"]
+    assert expand_shards(escaped) == escaped
+
+
+def test_a_rank_given_leaves_the_environment_alone(urls, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.delenv("RANK", raising=False)
+    dataset = ShardDataset(urls, rank=1, world_size=2)
+    assert (dataset.rank, dataset.world_size) == (1, 2)

@@ -169,7 +169,9 @@ def open_zip(archive, version=None):
     if is_url(archive):
         source = HttpRangeFile(archive)
     else:
-        source = archive if version is None else open_version(*version)
+        if version is not None:
+            open_version(*version).close()  # checked; ZipFile opens (and closes) its own
+        source = archive if version is None else version[0]
     try:
         return zipfile.ZipFile(source)
     except zipfile.BadZipFile as error:

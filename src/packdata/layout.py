@@ -73,7 +73,8 @@ def _one_spelling(name):
         return os.path.normpath(os.path.abspath(name))
     parts = urllib.parse.urlsplit(unsigned(name))
     path = _without_dot_segments(urllib.parse.unquote(parts.path))
-    return urllib.parse.urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, *parts[3:]))
+    # the parts apart: a decoded %3F in a path is no query
+    return (parts.scheme.lower(), parts.netloc.lower(), path, *parts[3:])
 
 
 def _without_dot_segments(path):

@@ -22,7 +22,8 @@ to be trusted on network filesystems. Only files named as the cache names them a
 other files in the folder are neither counted nor evicted. A copy is kept as long as there is room,
 without asking the store again: a shard set is read as written, and a new version of a shard needs
 a new name (or the cache's folder emptied). An uncompressed tar whose download lacks the blocks
-that end a tar (cut short) is not kept.
+that end a tar (cut short) is not kept: its read fails, naming the URL (read without the cache, such
+a tar is read to its end with a warning).
 """
 
 import fcntl

@@ -407,7 +407,10 @@ class ShardDataset(IterableDataset):
         buffer=shuffle_buffer,
     ):
         self.shards = expand_shards(shards)
-        default_rank, default_world_size = distributed_rank()
+        # the environment only where the caller left something to it
+        default_rank, default_world_size = (
+            distributed_rank() if rank is None or world_size is None else (rank, world_size)
+        )
         self.rank = default_rank if rank is None else operator.index(rank)
         self.world_size = default_world_size if world_size is None else operator.index(world_size)
         if not 0 <= self.rank < self.world_size:
@@ -623,10 +626,8 @@ class ShardDataset(IterableDataset):
         there were any."""
         yield from samples
         self.last_skips = skips
-        if skips:
-            with warnings.catch_warnings():  # every epoch's, not only the first text of its kind
-                warnings.simplefilter("always")
-                warnings.warn(skips.summary(), stacklevel=2)
+        if skips:  # the epoch in the text: Python shows a text once, and each epoch has its own
+            warnings.warn(f"epoch {self.epoch}: {skips.summary()}", stacklevel=2)
 
 
 def _worker():
