@@ -168,10 +168,11 @@ def open_zip(archive, version=None):
     file that is not a readable ZIP raises ``BadZipFile`` naming it."""
     if is_url(archive):
         source = HttpRangeFile(archive)
+    elif version is None:
+        source = archive
     else:
-        if version is not None:
-            open_version(*version).close()  # checked; ZipFile opens (and closes) its own
-        source = archive if version is None else version[0]
+        source = version[0]
+        open_version(*version).close()  # checked; ZipFile opens (and closes) its own
     try:
         return zipfile.ZipFile(source)
     except zipfile.BadZipFile as error:

@@ -65,10 +65,10 @@ def expand_shards(shards):
 
 def _one_spelling(name):
     """A local path as one absolute path (``a.tar``, ``./a.tar`` and ``/cwd/a.tar`` are one shard;
-    links are not followed: that would touch the file system for every shard); a URL without its
-    signature (``httpclient.unsigned``: one object presigned twice), with its scheme and host in
-    lower case, its path's %-escapes decoded and its ``.`` and ``..`` segments resolved
-    (``http://Host/./%74rain.tar`` is ``http://host/train.tar``)."""
+    links are not followed: that would touch the file system for every shard); a URL as its parts,
+    without its signature (``httpclient.unsigned``: one object presigned twice), its scheme and
+    host in lower case, its path's %-escapes decoded and its ``.`` and ``..`` segments resolved
+    (``http://Host/./%74rain.tar`` is ``("http", "host", "/train.tar", "", "")``)."""
     if not is_url(name):
         return os.path.normpath(os.path.abspath(name))
     parts = urllib.parse.urlsplit(unsigned(name))
