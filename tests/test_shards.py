@@ -210,8 +210,9 @@ def test_a_split_into_the_set_it_belongs_to_is_refused_and_removes_nothing(writt
     "key, members, said",
     [
         ("img.001", {"jpg": b"1"}, "last part has no dot"),  # would read back as key 'img'
-        ("/abs", {"jpg": b"1"}, "relative path"),
-        ("../up", {"jpg": b"1"}, "relative path"),
+        ("/abs", {"jpg": b"1"}, "relative path without '..'"),
+        ("../up", {"jpg": b"1"}, "relative path without '..'"),
+        ("a/..", {"jpg": b"1"}, "relative path without '..'"),
         ("k", {"masks/0.png": b"1"}, "without '/'"),  # would read back as another sample
         ("k", {"__key__": "k", "jpg": b"1"}, "leave out its __key__"),
         ("k", {}, "non-empty"),  # would be counted, and no member written

@@ -172,7 +172,7 @@ def open_zip(archive, version=None):
         source = archive
     else:
         source = version[0]
-        open_version(*version).close()  # checked; ZipFile opens (and closes) its own
+        check_version(source, *version)  # ZipFile then opens (and closes) the file itself
     try:
         return zipfile.ZipFile(source)
     except zipfile.BadZipFile as error:
@@ -296,10 +296,11 @@ def open_version(path, size, mtime_ns):
     return file
 
 
-def check_version(descriptor, path, size, mtime_ns):
-    """``FileChangedError`` unless the open file is still of ``size`` bytes, last modified at
-    ``mtime_ns`` (one ``fstat``: a file written over in place keeps its descriptor open)."""
-    stat = os.fstat(descriptor)
+def check_version(file, path, size, mtime_ns):
+    """``FileChangedError`` unless ``file`` (``path`` itself, or its open descriptor: a file
+    written over in place keeps it open) is still of ``size`` bytes, last modified at ``mtime_ns``
+    (one ``stat``)."""
+    stat = os.stat(file)
     if (stat.st_size, stat.st_mtime_ns) != (size, mtime_ns):
         raise FileChangedError(
             f"{path} changed after it was indexed (size or modification time differ): "

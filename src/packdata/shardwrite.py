@@ -69,8 +69,13 @@ def check_sample(key, members):
     ``..``; extensions without ``/``; at least one member."""
     if not isinstance(key, str) or not key:
         raise ValueError(f"sample key {key!r}: a key is a non-empty string")
-    folders, _, stem = key.rpartition("/")
-    if not stem or "." in stem or key.startswith("/") or ".." in folders.split("/"):
+    stem = key.rpartition("/")[2]
+    if key.startswith("/") or ".." in key.split("/"):
+        raise ValueError(
+            f"sample key {key!r}: a key is a relative path without '..' (it names members inside "
+            "the shard, and tools that unpack a tar refuse or rewrite such names)"
+        )
+    if not stem or "." in stem:
         raise ValueError(
             f"sample key {key!r}: a key is a relative path whose last part has no dot (readers "
             "split a member's name at the first dot of its file name: the key would read back as "
