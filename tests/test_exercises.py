@@ -1480,10 +1480,16 @@ def stream_class(mistake=None):
     class Stream(IterableDataset):
         def __init__(self, shards, rank=0, world_size=1, seed=0, buffer_size=100):
             self.shards, self.rank, self.world_size = list(shards), rank, world_size
-            self.seed, self.buffer_size, self.epoch = seed, buffer_size, 0
+            self.seed, self.buffer_size, self.plain_epoch = seed, buffer_size, 0
+            self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
 
         def set_epoch(self, epoch):
-            self.epoch = epoch
+            self.plain_epoch = epoch
+            self._epoch.fill_(epoch)
+
+        @property
+        def epoch(self):  # an attribute reaches only workers started afresh
+            return self.plain_epoch if mistake == "epoch in an attribute" else int(self._epoch)
 
         def __iter__(self):
             info = get_worker_info()
@@ -1578,6 +1584,7 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("keys only", "not a (key, label) pair"),
         ("buffer on self", "something outlived the first pass"),
         ("shuffled within shards", "shuffled within each shard, never across them"),
+        ("epoch in an attribute", "with workers that stay (persistent_workers=True)"),
     ],
 )
 def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):

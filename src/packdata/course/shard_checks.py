@@ -203,9 +203,17 @@ def check_assign_shards(assign_shards, root):
     passed(
         f"every key once, the same shards from the same seed; the dataset's {len(keys):,} samples "
         f"in {len(shards)} shards of {per_shard}, each holding {min(mixed)} to {max(mixed)} of "
-        f"{len(set(labels.values()))} classes (cut in key order: {min(unshuffled)} to "
-        f"{max(unshuffled)})."
+        f"{len(set(labels.values()))} classes (cut in key order, each would hold "
+        f"{_range_of(unshuffled)})."
     )
+
+
+def _range_of(counts):
+    """``"1 class"``, or ``"2 to 3 classes"``: the spread of ``counts``, in words."""
+    low, high = min(counts), max(counts)
+    if low == high:
+        return f"{low} class" + ("" if low == 1 else "es")
+    return f"{low} to {high} classes"
 
 
 def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
@@ -641,6 +649,36 @@ def _check_stream_seeding(stream_class, shards, alone):
         )
 
 
+def _check_workers_that_stay(stream_class, shards, first):
+    """Rank 0 of 2 with 3 workers that stay (``persistent_workers=True``) streams ``first`` (its
+    keys in epoch 0 from workers made for it) in epoch 0 and a new order in epoch 1."""
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    dataset = stream_class(shards, rank=0, world_size=2, seed=0, buffer_size=100)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=3,
+            multiprocessing_context="fork",
+            persistent_workers=True,
+        )
+        epochs = []
+        for epoch in (0, 1):
+            dataset.set_epoch(epoch)
+            epochs.append([item[0] for item in loader])
+    if epochs[0] != first or epochs[1] == first:
+        raise CheckFailed(
+            "with workers that stay (persistent_workers=True), epoch 1 repeated epoch 0: the "
+            "workers keep the copy of the dataset they got at the start, and an epoch set in the "
+            "main process reaches them only through shared memory. Read it in __iter__ as "
+            "self.epoch, the property the class gives, and keep set_epoch as it is."
+        )
+
+
 def _alone_keys(stream_class, shards):
     """The keys one rank without workers streams in epoch 0, iterating one dataset twice;
     ``CheckFailed`` naming what a first run shows: no worker info, no iterator, items that are not
@@ -774,6 +812,7 @@ def check_shard_stream(stream_class, shards):
         )
     _check_shards_mix(alone, shards)
     _check_stream_seeding(stream_class, shards, alone)
+    _check_workers_that_stay(stream_class, shards, epochs[0][0])
     passed(
         f"2 ranks × 3 workers streamed all {expected:,} samples exactly once per epoch, in a new "
         f"order each epoch, {together:.0%} of neighbours still together."

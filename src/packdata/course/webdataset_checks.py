@@ -211,7 +211,8 @@ def check_webdataset_loader(make_loader, shards):
             "the shards came in the same order in epochs 0 and 1: shuffle them "
             "(shardshuffle=len(shards); False or leaving it out keeps their order; a buffer of "
             "samples, .shuffle(n), mixes only neighbours) and seed that shuffle from the epoch (a "
-            "new WebDataset per epoch, seed=epoch)."
+            "new WebDataset per epoch, seed=epoch: detshuffle=True counts its passes afresh in "
+            "every new WebDataset, and in every worker started anew)."
         )
     if same_list and orders[0].seed is not None and orders[0].seed == orders[1].seed:
         raise CheckFailed(
