@@ -125,9 +125,26 @@ def right(slurm):
         "RANK": slurm["SLURM_PROCID"],
         "WORLD_SIZE": slurm["SLURM_NTASKS"],
         "LOCAL_RANK": slurm["SLURM_LOCALID"],
-        "LOCAL_WORLD_SIZE": slurm["SLURM_NTASKS_PER_NODE"],
+        "LOCAL_WORLD_SIZE": str(slurm_checks.tasks_on_node(slurm)),
         "GROUP_RANK": slurm["SLURM_NODEID"],
     }
+
+
+@pytest.mark.parametrize(
+    "counts, node, expected",
+    [("3(x2)", 1, 3), ("3,2", 1, 2), ("3(x2),2", 2, 2), ("4,2(x3)", 3, 2), ("8", 0, 8)],
+)
+def test_a_nodes_task_count_is_read_from_the_compressed_list(counts, node, expected):
+    task = {"SLURM_TASKS_PER_NODE": counts, "SLURM_NODEID": str(node)}
+    assert slurm_checks.tasks_on_node(task) == expected
+
+
+def test_the_uneven_job_has_no_ntasks_per_node_and_numbers_its_tasks_node_by_node():
+    tasks = slurm_checks.slurm_tasks((3, 2))
+    assert [t["SLURM_PROCID"] for t in tasks] == ["0", "1", "2", "3", "4"]
+    assert [t["SLURM_LOCALID"] for t in tasks] == ["0", "1", "2", "0", "1"]
+    assert {t["SLURM_TASKS_PER_NODE"] for t in tasks} == {"3,2"}
+    assert not any("SLURM_NTASKS_PER_NODE" in t for t in tasks)
 
 
 def test_the_exercise_check_names_the_usual_mistakes():
@@ -143,10 +160,16 @@ def test_the_exercise_check_names_the_usual_mistakes():
             slurm_checks.check_torch_env(
                 lambda slurm, name=name, used=used: {**right(slurm), name: slurm[used]}
             )
-    # one task per GPU: the node's GPU count is its number of ranks too
-    slurm_checks.check_torch_env(
-        lambda slurm: {**right(slurm), "LOCAL_WORLD_SIZE": slurm["SLURM_GPUS_ON_NODE"]}
-    )
+    # the plain count passes the even job and is missing from the uneven one
+    with pytest.raises(slurm_checks.CheckFailed, match="sets only with --ntasks-per-node; .*'3,2'"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {**right(slurm), "LOCAL_WORLD_SIZE": slurm["SLURM_NTASKS_PER_NODE"]}
+        )
+    # the node's GPUs are its ranks only when srun starts a task per GPU
+    with pytest.raises(slurm_checks.CheckFailed, match="LOCAL_WORLD_SIZE: that counts the node's"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {**right(slurm), "LOCAL_WORLD_SIZE": slurm["SLURM_GPUS_ON_NODE"]}
+        )
     with pytest.raises(slurm_checks.CheckFailed, match="read 'SLURM_GPUS_PER_NODE', which Slurm"):
         slurm_checks.check_torch_env(
             lambda slurm: {**right(slurm), "X": slurm["SLURM_GPUS_PER_NODE"]}

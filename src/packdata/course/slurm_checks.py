@@ -1,9 +1,10 @@
 """Checks for lesson 8's Slurm exercise: from the variables Slurm gives each task that ``srun``
 starts, the ones ``torch.distributed`` reads (what torchrun would have set).
 
-The check plays every task of a job of two nodes with three tasks each, and when an answer is
-wrong, names the Slurm variable the learner's values follow instead of the right one. The values
-are strings, as the script puts them in ``os.environ`` before ``init_process_group``.
+The check plays every task of two jobs on two nodes: ``--ntasks-per-node=3`` (three tasks each),
+then ``--ntasks=5`` (three tasks, then two; Slurm sets no ``SLURM_NTASKS_PER_NODE`` there). When an
+answer is wrong, it names the Slurm variable the learner's values follow instead of the right one.
+The values are strings, as the script puts them in ``os.environ`` before ``init_process_group``.
 """
 
 from collections.abc import Mapping
@@ -11,13 +12,14 @@ from collections.abc import Mapping
 from .feedback import CheckFailed, passed
 
 NODES, TASKS_PER_NODE = 2, 3
+UNEVEN = (3, 2)  # srun --nodes=2 --ntasks=5: Slurm fills the first node first
 
 # what torch reads: the Slurm variable that holds it (None: computed from two of them)
 SOURCES = {
     "RANK": "SLURM_PROCID",
     "WORLD_SIZE": "SLURM_NTASKS",
     "LOCAL_RANK": "SLURM_LOCALID",
-    "LOCAL_WORLD_SIZE": "SLURM_NTASKS_PER_NODE",
+    "LOCAL_WORLD_SIZE": None,  # this node's entry of SLURM_TASKS_PER_NODE
     "GROUP_RANK": "SLURM_NODEID",
 }
 
@@ -25,9 +27,9 @@ SOURCES = {
 NOT_NUMBERS = {
     "SLURMD_NODENAME": "the node's host name ({!r}), not its number; the node's number in the job "
     "is SLURM_NODEID",
-    "SLURM_TASKS_PER_NODE": f"{{!r}} ({TASKS_PER_NODE} tasks on each of {NODES} nodes), not a "
-    "plain number; SLURM_NTASKS_PER_NODE is the plain count (set only with --ntasks-per-node, "
-    "as in this job)",
+    "SLURM_TASKS_PER_NODE": "{!r}, one count per node ('3(x2)': 3 on each of 2 nodes; '3,2': "
+    "3, then 2), not a plain number: take this node's entry (SLURM_NODEID), or "
+    "SLURM_NTASKS_PER_NODE, the plain count, in a job that gives --ntasks-per-node",
 }
 
 # the usual confusions: (torch's variable, the Slurm variable used) -> why that is wrong
@@ -44,9 +46,12 @@ CONFUSIONS = {
     ("LOCAL_RANK", "SLURM_NODEID"): "that is the node's number; LOCAL_RANK is the task's number "
     "on its node: SLURM_LOCALID",
     ("LOCAL_WORLD_SIZE", "SLURM_NTASKS"): "that counts the ranks of every node; LOCAL_WORLD_SIZE "
-    "is those of this node: SLURM_NTASKS_PER_NODE",
+    "is those of this node: its entry of SLURM_TASKS_PER_NODE",
     ("LOCAL_WORLD_SIZE", "SLURM_NNODES"): "that counts nodes; LOCAL_WORLD_SIZE counts this node's "
-    "ranks: SLURM_NTASKS_PER_NODE",
+    "ranks: its entry of SLURM_TASKS_PER_NODE",
+    ("LOCAL_WORLD_SIZE", "SLURM_GPUS_ON_NODE"): "that counts the node's GPUs, and srun --ntasks=5 "
+    "starts 2 tasks on node 1's 3 GPUs; LOCAL_WORLD_SIZE counts this node's ranks: its entry of "
+    "SLURM_TASKS_PER_NODE",
     ("GROUP_RANK", "SLURM_PROCID"): "GROUP_RANK is the node's number (SLURM_NODEID), the same for "
     "all the ranks of a node",
     ("GROUP_RANK", "SLURM_LOCALID"): "GROUP_RANK is the node's number (SLURM_NODEID), not the "
@@ -54,28 +59,46 @@ CONFUSIONS = {
 }
 
 
-def slurm_tasks():
-    """The environment of every task of ``srun --nodes=2 --ntasks-per-node=3 --gpus-per-node=3``
-    (job 4242, on nodes gpu07 and gpu08: a task per GPU), as Slurm sets it: strings, node by
-    node."""
+def slurm_tasks(per_node=(TASKS_PER_NODE,) * NODES):
+    """The environment of every task of ``srun --nodes=2 --gpus-per-node=3`` with ``per_node``
+    tasks on each node (job 4242, on nodes gpu07 and gpu08), as Slurm sets it: strings, node by
+    node. Equal counts come from ``--ntasks-per-node=3`` (a task per GPU), which sets
+    ``SLURM_NTASKS_PER_NODE``; others from ``--ntasks``, which does not."""
+    even = len(set(per_node)) == 1
+    counts = f"{per_node[0]}(x{len(per_node)})" if even else ",".join(map(str, per_node))
     return [
         {
             "SLURM_JOB_ID": "4242",
             "SLURM_JOB_NODELIST": "gpu[07-08]",
-            "SLURM_NNODES": str(NODES),
-            "SLURM_NTASKS": str(NODES * TASKS_PER_NODE),
-            "SLURM_NTASKS_PER_NODE": str(TASKS_PER_NODE),
-            "SLURM_TASKS_PER_NODE": f"{TASKS_PER_NODE}(x{NODES})",
+            "SLURM_NNODES": str(len(per_node)),
+            "SLURM_NTASKS": str(sum(per_node)),
+            **({"SLURM_NTASKS_PER_NODE": str(per_node[0])} if even else {}),
+            "SLURM_TASKS_PER_NODE": counts,
             "SLURM_CPUS_PER_TASK": "4",
             "SLURM_GPUS_ON_NODE": str(TASKS_PER_NODE),
             "SLURMD_NODENAME": f"gpu0{7 + node}",
             "SLURM_NODEID": str(node),
             "SLURM_LOCALID": str(local),
-            "SLURM_PROCID": str(node * TASKS_PER_NODE + local),
+            "SLURM_PROCID": str(sum(per_node[:node]) + local),
         }
-        for node in range(NODES)
-        for local in range(TASKS_PER_NODE)
+        for node, tasks in enumerate(per_node)
+        for local in range(tasks)
     ]
+
+
+def tasks_on_node(task):
+    """This task's node's count of tasks, from ``SLURM_TASKS_PER_NODE`` (``'3(x2),2'``: 3, 3,
+    then 2) and ``SLURM_NODEID``."""
+    counts = []
+    for part in task["SLURM_TASKS_PER_NODE"].split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [int(count)] * int(repeat.rstrip(")") or 1)
+    return counts[int(task["SLURM_NODEID"])]
+
+
+def _wanted(name, task):
+    source = SOURCES[name]
+    return tasks_on_node(task) if source is None else int(task[source])
 
 
 def _answers(torch_env, tasks):
@@ -84,6 +107,14 @@ def _answers(torch_env, tasks):
     try:
         answers = [torch_env(dict(task)) for task in tasks]
     except KeyError as error:
+        if error.args == ("SLURM_NTASKS_PER_NODE",):
+            raise CheckFailed(
+                f"torch_env read 'SLURM_NTASKS_PER_NODE', which Slurm sets only with "
+                f"--ntasks-per-node; after srun --nodes=2 --ntasks=5 it is not there. This "
+                f"node's count is its entry of SLURM_TASKS_PER_NODE "
+                f"({tasks[0]['SLURM_TASKS_PER_NODE']!r}: one count per node, in node order; "
+                "'3(x2)' would be 3 on each of 2 nodes)."
+            ) from None
         if error.args and error.args[0] in tasks[0]:
             raise CheckFailed(
                 f"torch_env read {error} from somewhere other than its slurm argument "
@@ -151,23 +182,32 @@ def _followed(values, tasks):
 def check_torch_env(torch_env):
     """``torch_env(slurm)`` maps one task's Slurm variables (a dict of strings) to a dict of
     strings, ready for ``os.environ``, with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
-    GROUP_RANK, for every task of a job of two nodes with three tasks each."""
-    tasks = slurm_tasks()
-    answers = _answers(torch_env, tasks)
-    for name, source in SOURCES.items():
-        got = _values(answers, name, tasks)
-        want = [int(task[source]) for task in tasks]
-        if got == want:
-            continue
-        for variable in _followed(got, tasks):
-            if (name, variable) in CONFUSIONS:
-                raise CheckFailed(f"{name}: {CONFUSIONS[name, variable]}.")
-        task = next(n for n, (a, b) in enumerate(zip(got, want)) if a != b)
-        place = f"node {tasks[task]['SLURM_NODEID']}, task {tasks[task]['SLURM_LOCALID']} there"
-        raise CheckFailed(f"{name} of the task on {place} should be {want[task]}, got {got[task]}.")
-    _check_strings(answers)
-    ranks = _values(answers, "RANK", tasks)
+    GROUP_RANK, for every task of two jobs on two nodes: three tasks on each, then three and
+    two."""
+    jobs = {"--ntasks-per-node=3": slurm_tasks(), "--ntasks=5": slurm_tasks(UNEVEN)}
+    for job, tasks in jobs.items():
+        answers = _answers(torch_env, tasks)
+        for name in SOURCES:
+            _check_values(name, _values(answers, name, tasks), tasks, job)
+        _check_strings(answers)
     passed(
-        f"all {len(tasks)} tasks of {NODES} nodes get their torch variables: ranks {ranks}, "
-        f"local ranks {_values(answers, 'LOCAL_RANK', tasks)}."
+        f"every task of both jobs gets its torch variables; with --ntasks=5, ranks "
+        f"{_values(answers, 'RANK', tasks)}, local ranks {_values(answers, 'LOCAL_RANK', tasks)}, "
+        f"local world sizes {_values(answers, 'LOCAL_WORLD_SIZE', tasks)}."
+    )
+
+
+def _check_values(name, got, tasks, job):
+    """``CheckFailed`` unless ``got`` is every task's ``name``: the Slurm variable it follows
+    instead named, when it is a usual confusion, else the first task where it is wrong."""
+    want = [_wanted(name, task) for task in tasks]
+    if got == want:
+        return
+    for variable in _followed(got, tasks):
+        if (name, variable) in CONFUSIONS:
+            raise CheckFailed(f"{name}: {CONFUSIONS[name, variable]}.")
+    task = next(n for n, (a, b) in enumerate(zip(got, want)) if a != b)
+    place = f"node {tasks[task]['SLURM_NODEID']}, task {tasks[task]['SLURM_LOCALID']} there"
+    raise CheckFailed(
+        f"srun {job}: {name} of the task on {place} should be {want[task]}, got {got[task]}."
     )
