@@ -1540,6 +1540,8 @@ def stream_class(mistake=None):
             rng = random.Random(f"{pair}:{self.rank}:{worker}")
             if mistake == "unseeded buffer":
                 rng = random.Random()
+            if mistake == "the loader's worker seed" and info is not None:
+                rng = random.Random(info.seed)  # another in every loader
             buffer = self.__dict__.setdefault("kept", []) if mistake == "buffer on self" else []
             for sample in samples:
                 if len(buffer) < self.buffer_size:
@@ -1584,7 +1586,8 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("keys only", "not a (key, label) pair"),
         ("buffer on self", "something outlived the first pass"),
         ("shuffled within shards", "shuffled within each shard, never across them"),
-        ("epoch in an attribute", "with workers that stay (persistent_workers=True)"),
+        ("epoch in an attribute", "workers that stay (persistent_workers=True), epoch 1 repeated"),
+        ("the loader's worker seed", "not get_worker_info().seed"),
     ],
 )
 def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):

@@ -670,7 +670,14 @@ def _check_workers_that_stay(stream_class, shards, first):
         for epoch in (0, 1):
             dataset.set_epoch(epoch)
             epochs.append([item[0] for item in loader])
-    if epochs[0] != first or epochs[1] == first:
+    if epochs[0] != first:
+        raise CheckFailed(
+            "with workers that stay (persistent_workers=True), epoch 0 came in another order than "
+            "from workers made for it, with the same seed: draw every random choice from "
+            "generators seeded with self.seed, self.epoch, the rank and the worker's number (not "
+            "get_worker_info().seed, which differs from one loader to the next)."
+        )
+    if epochs[1] == first:
         raise CheckFailed(
             "with workers that stay (persistent_workers=True), epoch 1 repeated epoch 0: the "
             "workers keep the copy of the dataset they got at the start, and an epoch set in the "

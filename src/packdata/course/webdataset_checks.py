@@ -219,6 +219,8 @@ def check_webdataset_loader(make_loader, shards):
             f"the shard order repeats every epoch: the shard shuffle is seeded {orders[0].seed!r} "
             "in epochs 0 and 1, so it draws the same order each time (a buffer of samples, "
             ".shuffle(n), mixes only neighbours, and so the samples' order changed). Seed the "
-            "shard shuffle from the epoch: seed=epoch, or your own base seed plus the epoch."
+            "shard shuffle from the epoch: seed=epoch, or your own base seed and the epoch as a "
+            'pair, seed=f"{base}:{epoch}" (base + epoch would give base 1\'s epoch 0 the order '
+            "of base 0's epoch 1)."
         )
     passed(f"2 ranks read all {expected:,} samples once per epoch, in a new order each epoch.")
