@@ -407,12 +407,13 @@ class ShardDataset(IterableDataset):
         buffer=shuffle_buffer,
     ):
         self.shards = expand_shards(shards)
-        # the environment only where the caller left something to it
-        default_rank, default_world_size = (
-            distributed_rank() if rank is None or world_size is None else (rank, world_size)
-        )
-        self.rank = default_rank if rank is None else operator.index(rank)
-        self.world_size = default_world_size if world_size is None else operator.index(world_size)
+        if rank is None or world_size is None:  # the environment only for what was left to it
+            found = distributed_rank()
+            rank, world_size = (
+                found[0] if rank is None else rank,
+                found[1] if world_size is None else world_size,
+            )
+        self.rank, self.world_size = operator.index(rank), operator.index(world_size)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(
                 f"rank must be in 0..world_size-1, got rank {self.rank} of {self.world_size}"

@@ -216,15 +216,37 @@ def _range_of(counts):
     return f"{low} to {high} classes"
 
 
+def _forked_epochs(dataset, num_workers, epochs, **options):
+    """The items of ``dataset`` in each of ``epochs`` (``set_epoch`` before each), from one
+    ``DataLoader`` whose workers are forked (a class from a notebook reaches them so), without
+    torch's warning about more workers than cores."""
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        fork = "fork" if num_workers else None
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            multiprocessing_context=fork,
+            **options,
+        )
+        items = []
+        for epoch in epochs:
+            dataset.set_epoch(epoch)
+            items.append(list(loader))
+        return items
+
+
 def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
     """Keys of one epoch as ``world_size`` simulated ranks × ``num_workers`` DataLoader workers
     stream them from ``shards`` with ``ShardDataset(**options)``: real worker processes where
     ``fork`` exists (a function defined in a notebook reaches them that way), else each worker's
     share computed in this process."""
     import multiprocessing
-    import warnings
-
-    from torch.utils.data import DataLoader
 
     from ..streaming import ShardDataset
 
@@ -233,18 +255,10 @@ def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
         dataset = ShardDataset(
             shards, rank=rank, world_size=world_size, keys=("__key__",), decode=False, **options
         )
-        dataset.set_epoch(epoch)
         if "fork" in multiprocessing.get_all_start_methods():
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-                loader = DataLoader(
-                    dataset,
-                    batch_size=None,
-                    num_workers=num_workers,
-                    multiprocessing_context="fork",
-                )
-                keys += [key for (key,) in loader]
+            keys += [key for (key,) in _forked_epochs(dataset, num_workers, [epoch])[0]]
         else:
+            dataset.set_epoch(epoch)
             keys += [
                 key
                 for worker in range(num_workers)
@@ -498,21 +512,10 @@ def check_shuffle_buffer(shuffle_buffer, shards):
 def _keys_by_rank(stream_class, shards, epoch, world_size=2, num_workers=3, seed=0):
     """The first field of every item that ``stream_class`` yields in ``epoch``, per rank, read
     by ``num_workers`` real, forked DataLoader workers (a class from a notebook reaches them so)."""
-    import warnings
-
-    from torch.utils.data import DataLoader
-
     keys = []
     for rank in range(world_size):
         dataset = stream_class(shards, rank=rank, world_size=world_size, seed=seed, buffer_size=100)
-        dataset.set_epoch(epoch)
-        fork = "fork" if num_workers else None
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-            loader = DataLoader(
-                dataset, batch_size=None, num_workers=num_workers, multiprocessing_context=fork
-            )
-            keys.append([item[0] for item in loader])
+        keys.append([item[0] for item in _forked_epochs(dataset, num_workers, [epoch])[0]])
     return keys
 
 
@@ -652,24 +655,9 @@ def _check_stream_seeding(stream_class, shards, alone):
 def _check_workers_that_stay(stream_class, shards, first):
     """Rank 0 of 2 with 3 workers that stay (``persistent_workers=True``) streams ``first`` (its
     keys in epoch 0 from workers made for it) in epoch 0 and a new order in epoch 1."""
-    import warnings
-
-    from torch.utils.data import DataLoader
-
     dataset = stream_class(shards, rank=0, world_size=2, seed=0, buffer_size=100)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        loader = DataLoader(
-            dataset,
-            batch_size=None,
-            num_workers=3,
-            multiprocessing_context="fork",
-            persistent_workers=True,
-        )
-        epochs = []
-        for epoch in (0, 1):
-            dataset.set_epoch(epoch)
-            epochs.append([item[0] for item in loader])
+    by_epoch = _forked_epochs(dataset, 3, [0, 1], persistent_workers=True)
+    epochs = [[item[0] for item in items] for items in by_epoch]
     if epochs[0] != first:
         raise CheckFailed(
             "with workers that stay (persistent_workers=True), epoch 0 came in another order than "

@@ -101,16 +101,16 @@ def _wanted(name, task):
     return tasks_on_node(task) if source is None else int(task[source])
 
 
-def _answers(torch_env, tasks):
-    """``torch_env`` of every task; a variable it cannot read or a value it cannot convert is
-    named."""
+def _answers(torch_env, tasks, job):
+    """``torch_env`` of every task of ``srun {job}``; a variable it cannot read or a value it
+    cannot convert is named."""
     try:
         answers = [torch_env(dict(task)) for task in tasks]
     except KeyError as error:
         if error.args == ("SLURM_NTASKS_PER_NODE",):
             raise CheckFailed(
                 f"torch_env read 'SLURM_NTASKS_PER_NODE', which Slurm sets only with "
-                f"--ntasks-per-node; after srun --nodes=2 --ntasks=5 it is not there. This "
+                f"--ntasks-per-node; after srun --nodes=2 {job} it is not there. This "
                 f"node's count is its entry of SLURM_TASKS_PER_NODE "
                 f"({tasks[0]['SLURM_TASKS_PER_NODE']!r}: one count per node, in node order; "
                 "'3(x2)' would be 3 on each of 2 nodes)."
@@ -186,7 +186,7 @@ def check_torch_env(torch_env):
     two."""
     jobs = {"--ntasks-per-node=3": slurm_tasks(), "--ntasks=5": slurm_tasks(UNEVEN)}
     for job, tasks in jobs.items():
-        answers = _answers(torch_env, tasks)
+        answers = _answers(torch_env, tasks, job)
         for name in SOURCES:
             _check_values(name, _values(answers, name, tasks), tasks, job)
         _check_strings(answers)
