@@ -18,7 +18,7 @@ QUIET_PIP := { grep -v "^WARNING: Location 'file:" || true; }
 LESSON_DIRS := notebooks solutions exercises
 SOURCES = $(wildcard $(addsuffix /[0-9][0-9]_*.md,$(LESSON_DIRS)))
 
-.PHONY: help setup lab test check-install lint hooks data notebooks exercises exercises-check slides schedule bench bench-quick clean clean-data
+.PHONY: help setup lab test check-install lint hooks data notebooks exercises exercises-check slides schedule bench bench-quick bench-gpu clean clean-data
 
 help:  ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/; s/\$$\$$/$$/g' | expand -t 18
@@ -86,6 +86,9 @@ bench: setup data  ## every loader side by side, targets judged on the photos: b
 
 bench-quick: setup  ## the same on 100 photos and 500 shapes, to check that every loader runs (judges nothing)
 	@$(BIN)/python benchmarks/report.py --small
+
+bench-gpu: setup  ## the last hop to a CUDA GPU: pinned copies, non_blocking, how many workers feed ResNet-50
+	@$(BIN)/python benchmarks/gpu.py
 
 clean:  ## remove generated notebooks, slides and caches (keeps .venv and data/)
 	rm -rf build .pytest_cache

@@ -83,3 +83,19 @@ def test_the_network_target_is_bounded_by_the_megabytes_the_loader_moves():
     assert (
         report.verdict({**missed, "bound_reason": reason}) == f"MISSED: out of reach here: {reason}"
     )
+
+
+def test_gpu_benchmark_runs_its_loops_on_the_cpu():
+    """CI has no GPU: `--cpu` runs the two training loops with a small CNN, so the script cannot
+    rot where nobody runs it."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for setting in ("pageable", "pinned", "pinned, non_blocking"):
+        assert f"\n{setting} " in done.stdout
+    assert " 2 workers: " in done.stdout and "waiting" in done.stdout
+    assert "the loader must read" in done.stdout
