@@ -95,9 +95,12 @@ def main(argv=None):
     args = parse_args(argv)
     device = ddp_device()
     if device.type == "cuda":
-        # NCCL's collectives run on the current device: this rank's own GPU
+        # NCCL's collectives run on the current device: this rank's own GPU, bound to the group
+        # (without device_id, every barrier warns that it guesses the device)
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)  # the ranks share the cores; don't let each try to use them all
     # the same initial weights on every rank (DDP also broadcasts rank 0's)
