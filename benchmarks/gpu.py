@@ -12,10 +12,11 @@ turns (one call of each setting, round after round), so that a slow spell hits e
 2. **A loop the GPU sets the pace of:** ResNet-50 training steps (bf16 autocast) on batches that
    the DataLoader's workers only stack (ready-made crops in memory), with ``pin_memory`` off, on,
    and on with ``non_blocking`` copies. Pinning can pay only here, where the loader keeps up.
-3. **A loop the loader sets the pace of:** the same steps on the photos (``packdata.photos``,
-   ImageNet-sized JPEGs) read from shards, decoded and cropped to 224×224 by the workers, for a few
-   worker counts: the share of each step's time spent waiting for data, and what the GPU's own rate
-   asks of the loader.
+3. **A loop the loader sets the pace of:** the same steps on 4,000 photos (``packdata.photos``,
+   ImageNet-sized JPEGs: about 400 MB in ``data/photos-4000``, made on first use, so that every
+   worker still fills its batches) read from shards, decoded and cropped to 224×224 by 2 workers up
+   to all cores but two: the share of each step's time spent waiting for data, and what the GPU's
+   own rate asks of the loader.
 """
 
 import argparse
