@@ -21,21 +21,19 @@ turns (one call of each setting, round after round), so that a slow spell hits e
 
 import argparse
 import math
-import os
 import tempfile
 
 import torch
 import torch.nn.functional as F
 import torchvision
 from torch.utils.data import DataLoader, TensorDataset
-from torchvision.transforms import v2
 
 from packdata import compare, datawait, imagefolder, photos, shardwrite
+from packdata.cachebench import CROP
 from packdata.streaming import ShardDataset
 from packdata.system import usable_cores
 from packdata.train import SmallCNN
 
-CROP = v2.RandomResizedCrop(224, antialias=True)
 BATCH = (256, 3, 224, 224)
 
 
@@ -117,12 +115,12 @@ def gpu_paced(model, device, batch, steps, workers):
     return paced.median("pinned, non_blocking")
 
 
-def loader_paced(model, device, photo_root, batch, worker_counts, gpu_rate):
+def loader_paced(model, device, photo_root, batch, worker_counts, gpu_rate, cores):
     print("\n3. The same steps on photos from shards, decoded and cropped by the workers")
     sizes = [sample["bytes"] for sample in imagefolder.load_manifest(photo_root)["samples"]]
     with tempfile.TemporaryDirectory() as scratch:
         shards = shardwrite.write_shards(
-            photo_root, scratch, maxcount=25, processes=usable_cores() or 2, progress=False
+            photo_root, scratch, maxcount=25, processes=cores, progress=False
         )
         urls = [info.path for info in shards]
         step = make_step(model, device, non_blocking=True)
@@ -137,7 +135,7 @@ def loader_paced(model, device, photo_root, batch, worker_counts, gpu_rate):
             datawait.time_steps(loader, step, device=device)  # an epoch to start the workers
             epochs = (batches for _ in range(3) for batches in loader)
             times = datawait.time_steps(epochs, step, device=device)
-            rate = 3 * len(sizes) / (sum(times.wait) + sum(times.compute))  # each photo once
+            rate = 3 * len(sizes) / times.seconds  # each photo once an epoch
             print(f"{workers:>2} workers: {rate:6,.0f} samples/s, {times}")
     mean_kb = sum(sizes) / len(sizes) / 1e3
     print(
@@ -162,7 +160,7 @@ def main(argv=None):
         )
         return
     device = torch.device("cpu" if args.cpu else "cuda")
-    cores = usable_cores() or os.cpu_count()
+    cores = usable_cores()
     net = SmallCNN if args.cpu else torchvision.models.resnet50
     model = net(num_classes=10).to(device, memory_format=torch.channels_last)
     if not args.cpu:
@@ -171,7 +169,7 @@ def main(argv=None):
     gpu_rate = gpu_paced(model, device, batch, steps=2 if args.cpu else 20, workers=min(4, cores))
     counts = [2] if args.cpu else sorted({n for n in (2, 4, 8, cores - 2) if 1 <= n < cores})
     photo_root = photos.make_photos(size="small" if args.cpu else 4_000, progress=False)
-    loader_paced(model, device, photo_root, batch // 2, counts, gpu_rate)
+    loader_paced(model, device, photo_root, batch // 2, counts, gpu_rate, cores)
 
 
 if __name__ == "__main__":

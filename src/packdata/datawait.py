@@ -27,10 +27,14 @@ class StepTimes:
     compute: list = field(default_factory=list)
 
     @property
+    def seconds(self):
+        """The loop's time: every wait and every step."""
+        return sum(self.wait) + sum(self.compute)
+
+    @property
     def wait_share(self):
         """The share of the loop's time spent waiting for data, 0..1."""
-        total = sum(self.wait) + sum(self.compute)
-        return sum(self.wait) / total if total else 0.0
+        return sum(self.wait) / self.seconds if self.seconds else 0.0
 
     def after(self, steps):
         """The same times without the first ``steps`` (the workers' start-up, say)."""
@@ -38,7 +42,7 @@ class StepTimes:
 
     @property
     def steps_per_s(self):
-        return len(self.wait) / (sum(self.wait) + sum(self.compute))
+        return len(self.wait) / self.seconds
 
     def __str__(self):
         return (
