@@ -530,6 +530,34 @@ def test_equalized_ranks_stay_equal_and_lose_nothing_when_the_world_size_stays(
         assert sorted(delivered) == sorted(plan)
 
 
+@PROPERTY
+@given(data=st.data(), first=layouts, then=layouts, equalize=st.booleans())
+def test_len_counts_what_each_rank_has_left_of_a_resumed_epoch(urls, data, first, then, equalize):
+    stops = [data.draw(st.integers(0, 40)) for _ in range(first[0])]
+    _, states = run(urls, first, 1, None, stops, equalize=equalize)
+    rest = rest_of_epoch(dataset(urls, equalize=equalize), every_worker(states))
+    after, _ = run(urls, then, 1, rest, [None] * then[0], equalize=equalize)
+    for rank, workers in enumerate(after):
+        resumed = dataset(urls, rank, then[0], equalize=equalize)
+        resumed.set_epoch(1)
+        resumed.load_state_dict(rest)
+        assert len(resumed) == len(flat([workers])), f"rank {rank} of {then[0]}"
+
+
+def test_len_after_a_state_without_workers_counts_what_is_left(urls):
+    data = dataset(urls)
+    stream = data.iterate()
+    taken = [next(stream) for _ in range(10)]
+    resumed = dataset(urls)
+    resumed.load_state_dict(data.state_dict())
+    assert len(resumed) == sum(SIZES) - len(taken) == len(list(resumed.iterate()))
+    assert len(resumed) == sum(SIZES)  # the state was used: a whole epoch again
+    one_of_two = dataset(urls)
+    one_of_two.load_state_dict(run(urls, (1, 2), 0, None, [5])[1][0][1])
+    with pytest.raises(ValueError, match="worker's of rank 0 of 1, worker 1 of 2: load the rest"):
+        len(one_of_two)
+
+
 def test_a_sample_skipped_for_a_missing_label_is_skipped_again_after_a_resume(
     urls, tmp_path, all_keys
 ):

@@ -529,17 +529,24 @@ class ShardDataset(IterableDataset):
                 raise
             return 0
 
-    def quota(self, worker, num_workers):
-        """How many samples this worker yields this epoch when ``equalize`` (else None)."""
-        layout = Layout(self.rank, self.world_size, worker, num_workers)
-        return self.part(self.epoch, WHOLE, layout)[1]
-
     def __len__(self):
-        """Samples this rank yields this epoch (not batches)."""
-        if self.equalize:
-            return self.quota(0, 1)
-        sizes = self.sizes()
-        return sum(sizes[shard] for shard in self.shards_for())
+        """Samples this rank yields this epoch (not batches). After ``load_state_dict`` of this
+        epoch, those still to come: of the rest of an epoch, or of a worker's state when this
+        process reads without DataLoader workers."""
+        layout = Layout(self.rank, self.world_size, 0, 1)
+        loaded = self._loaded if self._loaded and self._loaded["epoch"] == self.epoch else None
+        if loaded is not None and loaded.get("layout", list(layout)) != list(layout):
+            raise ValueError(
+                f"len() counts what this rank has left, and the state loaded is one worker's of "
+                f"{Layout(*loaded['layout'])}: load the rest of the epoch "
+                "(resume.rest_of_epoch) to count the rank's samples left"
+            )
+        progress = starting(loaded, self.epoch, layout)
+        shards, quota = self.part(progress.epoch, progress.rest, layout)
+        if quota is None:
+            sizes = [self.sizes()[shard] for shard in self.shards]
+            quota = sum(rest.count(sizes[index]) for index, rest in shards)
+        return 0 if progress.done else quota - progress.yielded
 
     def __iter__(self):
         return self.iterate(*_worker())
