@@ -9,13 +9,17 @@ What a worker's state holds
         {"epoch": 3, "dataset": "7 shards 9f2c41d0, seed 0, shuffled, buffer 8, keys __key__ cls",
          "rest": null, "layout": [0, 2, 1, 2], "read": [9, 9, 4],
          "shards": ["3f0a9c1e52d87b64", "c41d0e2a9b7f3856", "07be5a3c1d9e4f28"], "yielded": 14,
-         "done": false}
+         "done": false, "reported": [0, 1, 0], "skipped": [0, 0, 1]}
 
     ``read``: samples taken in from each of the worker's shards so far (the last one may be under
     way); ``shards``: a digest of each of those shards' sample keys in order, taken as it was read
     (``layout.keys_digest``); ``yielded``: samples its buffer handed on, before decoding and
     batching (a sample that fails to decode and is skipped counts too); ``done``: the worker
-    finished its part. ``rest`` is null for a whole epoch (for the rest of one, see below).
+    finished its part. With ``errors="skip"``: ``reported``, the problems reading each of those
+    shards reported (a shard read again on the resume passes over as many, so none is counted
+    twice), and ``skipped``, the shards, damaged shards and samples it skipped this epoch (the
+    warning at the epoch's end goes on from them, so none is lost with the killed process).
+    ``rest`` is null for a whole epoch (for the rest of one, see below).
     ``StatefulDataLoader`` asks each worker for its state along with each batch it snapshots, and
     keeps the state of the batches the loop has received: prefetched batches do not count.
 
@@ -37,7 +41,7 @@ Another layout: the rest of the epoch
     order, ``split_shards``), and each worker reads only what is left of its shards (a shard with
     nothing left, not at all), through a shuffle buffer seeded anew. With as many ranks as before,
     every rank keeps its shards and finishes its own part: only the split among its workers
-    changes.
+    changes. The skips counted before go on with rank 0's worker 0.
 
     Without ``equalize`` every sample left arrives exactly once. With ``equalize`` every new rank
     yields as many as the rank with the fewest left, and the surplus is left out, as ``equalize``
@@ -73,16 +77,19 @@ class Rest(NamedTuple):
     """The samples a shard still has to deliver this epoch, numbered by their place in the shard:
     those in ``pending`` (taken in earlier, still in a buffer then; all before ``start``) and those
     from ``start`` up to ``stop`` (None: the shard's end). ``digest``: the shard's sample keys'
-    digest when those numbers were counted (None: it was not read yet)."""
+    digest when those numbers were counted (None: it was not read yet); ``reported``: the problems
+    (with ``errors="skip"``) reading it reported so far, each counted once an epoch."""
 
     pending: tuple = ()
     start: int = 0
     stop: int | None = None
     digest: str | None = None
+    reported: int = 0
 
     def kept(self, samples):
         """The samples of a shard's ``samples`` (all of them, in order) that are left."""
-        return samples if self._replace(digest=None) == ALL else self._kept(samples)
+        whole = not self.pending and self.start == 0 and self.stop is None
+        return samples if whole else self._kept(samples)
 
     def _kept(self, samples):
         pending = set(self.pending)
@@ -133,14 +140,18 @@ class Rest(NamedTuple):
 
 
 ALL = Rest()
+NO_SKIPS = (0, 0, 0)  # shards, damaged shards, samples
 
 
 class EpochRest(NamedTuple):
     """What an epoch still has to deliver: ``shards`` maps a shard's index (in the dataset's list)
-    to its ``Rest`` (absent: all of it); ``generation`` counts the resumes with another layout."""
+    to its ``Rest`` (absent: all of it); ``generation`` counts the resumes with another layout;
+    ``skipped``: the shards, damaged shards and samples skipped before (rank 0's worker 0 goes on
+    counting them)."""
 
     generation: int = 0
     shards: dict = {}
+    skipped: tuple = NO_SKIPS
 
     def of(self, index):
         return self.shards.get(index, ALL)
@@ -149,17 +160,17 @@ class EpochRest(NamedTuple):
         if not self.generation:
             return None
         rows = [
-            [index, rest.start, rest.stop, list(rest.pending), rest.digest]
+            [index, rest.start, rest.stop, list(rest.pending), rest.digest, rest.reported]
             for index, rest in self.shards.items()
         ]
-        return {"generation": self.generation, "shards": sorted(rows)}
+        return {"generation": self.generation, "shards": sorted(rows), "skipped": self.skipped}
 
     @classmethod
     def from_json(cls, saved):
         if saved is None:
             return WHOLE
-        rows = saved["shards"]
-        return cls(saved["generation"], {i: Rest(tuple(p), a, b, d) for i, a, b, p, d in rows})
+        shards = {i: Rest(tuple(p), a, b, d, r) for i, a, b, p, d, r in saved["shards"]}
+        return cls(saved["generation"], shards, tuple(saved["skipped"]))
 
 
 WHOLE = EpochRest()
@@ -203,12 +214,16 @@ class ShardChanged(ValueError):
 class Progress:
     """How far one worker is through its part of an epoch (or of an epoch's rest): how many
     samples it took in from each of its shards (``read``) and which samples those held
-    (``shards``, their keys' digests), how many its buffer handed on (``yielded``)."""
+    (``shards``, their keys' digests), how many its buffer handed on (``yielded``); the problems
+    reading each shard reported (``reported``), and what it skipped this epoch (``skipped``: shards,
+    damaged shards, samples; ``streaming.Skips`` counts into it)."""
 
-    def __init__(self, epoch, rest, layout, read=(), shards=(), yielded=0, done=False):
+    def __init__(self, epoch, rest, layout, read=(), shards=(), yielded=0, done=False, **counts):
         self.epoch, self.rest, self.layout = epoch, rest, layout
         self.read, self.shards = list(read), list(shards)
         self.yielded, self.done = yielded, done
+        self.reported = list(counts.get("reported", ()))
+        self.skipped = list(counts.get("skipped", NO_SKIPS))
 
     def state(self, dataset):
         """The JSON-able state (see the module's description)."""
@@ -221,16 +236,35 @@ class Progress:
             "shards": list(self.shards),
             "yielded": self.yielded,
             "done": self.done,
+            "reported": list(self.reported),
+            "skipped": list(self.skipped),
         }
 
     def todo(self, shards):
-        """``(index, skip)`` for each shard still to read of the worker's ``shards``, from the one
-        it stopped in (skip what it took from it); each counts as started when it is reached."""
-        for index in range(max(len(self.read) - 1, 0), shards):
+        """``(index, skip)`` for each shard still to read of the worker's ``shards`` (``(shard,
+        Rest)`` pairs), from the one it stopped in (skip what it took from it); each counts as
+        started when it is reached."""
+        for index in range(max(len(self.read) - 1, 0), len(shards)):
             if index == len(self.read):
                 self.read.append(0)
                 self.shards.append(None)
+                self.reported.append(shards[index][1].reported)
             yield index, self.read[index]
+
+    def reporting(self, index, report):
+        """``report`` for the problems of reading the worker's shard ``index`` from its start, each
+        counted in ``reported``: those counted before a resume (the shard is read again from its
+        start) are passed over, so that each problem is reported once an epoch."""
+        before, seen = self.reported[index], 0
+
+        def once(error, shard=None):
+            nonlocal seen
+            seen += 1
+            if seen > before:
+                self.reported[index] = seen
+                report(error, shard=shard)
+
+        return once
 
     def opened(self, index, shard, rest, digest):
         """Note the ``digest`` of the sample keys of the worker's shard ``index`` (``shard``, whose
@@ -274,8 +308,9 @@ def progress_from(state, layout):
     """The ``Progress`` a loaded ``state`` gives the worker at ``layout``: where the worker was (a
     worker's state, same layout only), or the start of a rest of an epoch (any layout)."""
     rest = EpochRest.from_json(state["rest"])
-    if "layout" not in state:
-        return Progress(state["epoch"], rest, layout)
+    if "layout" not in state:  # the skips before go on with rank 0's worker 0
+        first = layout.rank == 0 and layout.worker == 0
+        return Progress(state["epoch"], rest, layout, skipped=rest.skipped if first else NO_SKIPS)
     if Layout(*state["layout"]) != layout:
         raise ValueError(
             f"this state is of {Layout(*state['layout'])}, loaded into {layout}: a worker's state "
@@ -290,6 +325,8 @@ def progress_from(state, layout):
         state["shards"],
         state["yielded"],
         state["done"],
+        reported=state["reported"],
+        skipped=state["skipped"],
     )
 
 
@@ -426,7 +463,8 @@ def rest_of_epoch(dataset, states):
         shards, quota = dataset.part(epoch, before, layout)
         left.update(_left_by(dataset, state, layout, shards, quota))
     left = {shard: rest for shard, rest in left.items() if rest != ALL}
-    rest = EpochRest(before.generation + 1, left)
+    skipped = tuple(map(sum, zip(*(state["skipped"] for state in states))))
+    rest = EpochRest(before.generation + 1, left, skipped)
     return {"epoch": epoch, "dataset": states[0]["dataset"], "rest": rest.to_json()}
 
 
@@ -478,6 +516,7 @@ def _left_by(dataset, state, layout, shards, quota):
             rest = rest.done() if index < len(read) - 1 else rest
             digest = progress.shards[index]  # None: the shard had nothing left to read
             rest = rest if digest is None else rest._replace(digest=digest)
+            rest = rest._replace(reported=progress.reported[index])
         if budget is not None:
             rest = rest.first(budget)
             budget -= rest.count(sizes[shard])

@@ -95,9 +95,16 @@ def read_tuples(shards, keys, report, progress, read=None):
     shard, and the next read would pay a page fault per 4 KiB to get it back."""
     return chain.from_iterable(
         progress.counted(
-            index, islice(matched_tuples(progress, index, shards, keys, report, read), skip, None)
+            index,
+            islice(
+                matched_tuples(
+                    progress, index, shards, keys, progress.reporting(index, report), read
+                ),
+                skip,
+                None,
+            ),
         )
-        for index, skip in progress.todo(len(shards))
+        for index, skip in progress.todo(shards)
     )
 
 
@@ -298,31 +305,34 @@ def ignore(error, shard=None):
 
 
 class Skips:
-    """What one worker skipped in one epoch, when skipping was asked for."""
+    """What one worker skipped in one epoch, when skipping was asked for: ``counts`` (shards,
+    damaged shards, samples) goes on from a resumed state's (``resume.Progress.skipped``); the
+    reasons are those of this process."""
 
-    def __init__(self, where):
-        self.where, self.reasons = where, []
-        self.shards = self.damaged = self.samples = 0
+    def __init__(self, where, counts):
+        self.where, self.reasons, self.counts = where, [], counts
+        self.before = sum(counts)
+
+    shards = property(lambda self: self.counts[0])
+    damaged = property(lambda self: self.counts[1])
+    samples = property(lambda self: self.counts[2])
 
     def __call__(self, error, shard=None):
-        if isinstance(error, DamagedShard):
-            self.damaged += 1
-        elif shard is not None:
-            self.shards += 1
-        else:
-            self.samples += 1
+        kind = 1 if isinstance(error, DamagedShard) else 0 if shard is not None else 2
+        self.counts[kind] += 1
         self.reasons.append(str(error))
 
     def __bool__(self):
-        return bool(self.shards or self.damaged or self.samples)
+        return any(self.counts)
 
     def summary(self):
         more = len(self.reasons) - 3
         examples = "; ".join(self.reasons[:3]) + (f"; and {more} more" if more > 0 else "")
         damaged = f", the rest of {self.damaged} damaged shard(s)," if self.damaged else ""
+        before = f" ({self.before} of them before a resume, counted in its state)"
         return (
             f"{self.where} skipped {self.shards} shard(s){damaged} and {self.samples} sample(s) "
-            f"this epoch: {examples}"
+            f"this epoch{before if self.before else ''}: {examples or 'no reasons kept'}"
         )
 
 
@@ -554,10 +564,11 @@ class ShardDataset(IterableDataset):
     def iterate(self, worker=0, num_workers=1):
         """The pipeline ``__iter__`` runs in worker ``worker`` of ``num_workers``, or resumes."""
         layout = Layout(self.rank, self.world_size, worker, num_workers)
-        report = Skips(f"rank {self.rank} worker {worker}") if self.errors == "skip" else raise_now
         keys = ("__url__", "__key__") + self.keys if self.decode else self.keys  # decode's errors
         loaded, self._loaded = self._loaded, None  # used once
         progress = self._progress = starting(loaded, self.epoch, layout)
+        where = f"rank {self.rank} worker {worker}"
+        report = Skips(where, progress.skipped) if self.errors == "skip" else raise_now
         part, quota = self.part(progress.epoch, progress.rest, layout)
         shards = [(self.shards[index], rest) for index, rest in part]
         quiet = report if report is raise_now else ignore  # a second read reports nothing again
