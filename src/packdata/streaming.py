@@ -305,13 +305,14 @@ def ignore(error, shard=None):
 
 
 class Skips:
-    """What one worker skipped in one epoch, when skipping was asked for: ``counts`` (shards,
-    damaged shards, samples) goes on from a resumed state's (``resume.Progress.skipped``); the
+    """What one worker skipped in one epoch, when skipping was asked for: the worker's
+    ``progress.skipped`` (shards, damaged shards, samples), counted on from a resumed state's; the
     reasons are those of this process."""
 
-    def __init__(self, where, counts):
-        self.where, self.reasons, self.counts = where, [], counts
-        self.before = sum(counts)
+    def __init__(self, progress):
+        self.where = f"rank {progress.layout.rank} worker {progress.layout.worker}"
+        self.reasons, self.counts = [], progress.skipped
+        self.before = sum(self.counts)
 
     shards = property(lambda self: self.counts[0])
     damaged = property(lambda self: self.counts[1])
@@ -567,8 +568,7 @@ class ShardDataset(IterableDataset):
         keys = ("__url__", "__key__") + self.keys if self.decode else self.keys  # decode's errors
         loaded, self._loaded = self._loaded, None  # used once
         progress = self._progress = starting(loaded, self.epoch, layout)
-        where = f"rank {self.rank} worker {worker}"
-        report = Skips(where, progress.skipped) if self.errors == "skip" else raise_now
+        report = Skips(progress) if self.errors == "skip" else raise_now
         part, quota = self.part(progress.epoch, progress.rest, layout)
         shards = [(self.shards[index], rest) for index, rest in part]
         quiet = report if report is raise_now else ignore  # a second read reports nothing again
