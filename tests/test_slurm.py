@@ -119,6 +119,49 @@ def test_the_job_script_trains_on_every_rank_with_equal_steps(slurm, shards, scr
         assert keys[0][epoch] and not set(keys[0][epoch]) & set(keys[1][epoch])
 
 
+MAKE_DATASET = """
+import os, warnings
+from packdata.streaming import ShardDataset
+warnings.simplefilter("always")
+data = ShardDataset(os.environ["SHARDS"].split())
+print(f"made: rank {data.rank} of {data.world_size}", flush=True)
+"""
+
+SRUN_TASKS = """#!/bin/bash
+echo "batch script:"
+python -c "$MAKE" 2>&1
+echo "two tasks, no rank:"
+srun --quiet --ntasks=2 --label python -c "$MAKE" 2>&1
+echo "two tasks, their ranks from Slurm:"
+srun --quiet --ntasks=2 --label bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS \\
+    python -c "$MAKE" 2>&1'
+"""
+
+
+def test_tasks_of_one_srun_step_without_a_rank_are_warned(slurm, shards, scratch, tmp_path):
+    (tmp_path / "tasks.sh").write_text(SRUN_TASKS)
+    env = slurm.environment(
+        MAKE=MAKE_DATASET,
+        SHARDS=" ".join(shards[:2]),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        TMPDIR=str(scratch),
+    )
+    options = [f"--output={tmp_path}/%j.out", "--ntasks=2"]
+    job = slurm.submit(tmp_path / "tasks.sh", *options, env=env, cwd=ROOT)
+    state = slurm.wait(job, timeout=120)
+    log = (tmp_path / f"{job}.out").read_text()
+    assert state == "COMPLETED", log
+    batch, bare, ranked = re.split(r"^two tasks.*$", log.split("batch script:")[1], flags=re.M)
+    assert "made: rank 0 of 1" in batch and "Slurm step" not in batch, log
+    warned = re.findall(r"^(\d): .*task (\d) of 2 of a Slurm step, and no rank is set", bare, re.M)
+    assert sorted(warned) == [("0", "0"), ("1", "1")], log
+    assert bare.count("made: rank 0 of 1") == 2, log
+    assert "Slurm step" not in ranked and sorted(re.findall(r"made: rank (\d) of 2", ranked)) == [
+        "0",
+        "1",
+    ], log
+
+
 def right(slurm):
     """Exercise 1's answer: Slurm's strings as they are, ready for os.environ."""
     return {

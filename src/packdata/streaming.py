@@ -339,11 +339,13 @@ class Skips:
 
 def distributed_rank():
     """``(rank, world size)`` of this process: from ``torch.distributed`` when initialised, else
-    from the ``RANK`` and ``WORLD_SIZE`` variables ``torchrun`` sets, else ``(0, 1)``."""
+    from the ``RANK`` and ``WORLD_SIZE`` variables ``torchrun`` sets, else ``(0, 1)``, with a
+    warning when the process is one of several tasks of a Slurm step."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     rank, world_size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
     if rank is None and world_size is None:
+        warn_of_slurm_tasks()
         return 0, 1
     if rank is None or world_size is None:
         given, missing = ("RANK", "WORLD_SIZE") if world_size is None else ("WORLD_SIZE", "RANK")
@@ -354,6 +356,22 @@ def distributed_rank():
         raise ValueError(
             f"RANK={rank!r} and WORLD_SIZE={world_size!r}: both must be whole numbers"
         ) from None
+
+
+def warn_of_slurm_tasks():
+    """Warn when this process is one of several tasks of one Slurm step (``srun --ntasks``, which
+    sets ``SLURM_STEP_NUM_TASKS``; a batch script is no step) and no rank was set: each task would
+    read every shard."""
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "1")
+    if tasks.isdigit() and int(tasks) > 1:
+        warnings.warn(
+            f"this process is task {os.environ.get('SLURM_PROCID', '?')} of {tasks} of a Slurm "
+            "step, and no rank is set (no torch.distributed process group, no RANK and "
+            "WORLD_SIZE): every task reads every shard. Start the ranks with torchrun, set up "
+            "torch.distributed before the dataset, or pass rank= and world_size= (rank=0, "
+            "world_size=1 when every task should read all)",
+            stacklevel=4,  # where the dataset is made
+        )
 
 
 # --- the dataset ----------------------------------------------------------------------------------
