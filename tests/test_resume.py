@@ -211,6 +211,19 @@ def test_the_rest_of_an_epoch_needs_every_worker_of_every_rank(urls):
         rest_of_epoch(dataset(urls), states + states[1:])
 
 
+def test_states_of_a_rest_merge_whether_they_went_through_json_or_not(urls, all_keys):
+    before, states = run(urls, (1, 2), 0, None, [7])
+    rest = rest_of_epoch(dataset(urls), every_worker(states))
+    workers = [dataset(urls) for _ in range(2)]
+    for data in workers:
+        data.load_state_dict(rest)
+    streams = [data.iterate(worker, 2) for worker, data in enumerate(workers)]
+    middle = [next(stream)[0] for stream in streams]
+    kept = [workers[0].state_dict(), json.loads(json.dumps(workers[1].state_dict()))]
+    after, _ = run(urls, (1, 1), 0, rest_of_epoch(dataset(urls), kept), [None])
+    assert_exactly_once(flat(before) + middle + flat(after), all_keys)
+
+
 def test_loader_states_refuse_a_checkpoint_between_snapshots(urls):
     loader = StatefulDataLoader(
         dataset(urls), batch_size=4, num_workers=1, snapshot_every_n_steps=3

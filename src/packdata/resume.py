@@ -163,7 +163,11 @@ class EpochRest(NamedTuple):
             [index, rest.start, rest.stop, list(rest.pending), rest.digest, rest.reported]
             for index, rest in self.shards.items()
         ]
-        return {"generation": self.generation, "shards": sorted(rows), "skipped": self.skipped}
+        return {
+            "generation": self.generation,
+            "shards": sorted(rows),
+            "skipped": list(self.skipped),
+        }
 
     @classmethod
     def from_json(cls, saved):
