@@ -388,6 +388,55 @@ def test_decoded_batches_resume_exactly(tiny_dataset, tmp_path):
         assert torch.equal(images, images_then)
 
 
+def spoil(url, jpgs=(), labels=()):
+    """Rewrite the shard at ``url`` with its ``jpgs``-th images made garbage and its ``labels``-th
+    labels left out (counted among the shard's images and labels, from 0)."""
+    with tarfile.open(url) as tar:
+        members = [(member, tar.extractfile(member).read()) for member in tar.getmembers()]
+    seen = Counter()
+    with tarfile.open(url, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, data in members:
+            kind = member.name.rsplit(".", 1)[1]
+            seen[kind] += 1
+            if kind == "cls" and seen[kind] - 1 in labels:
+                continue
+            data = b"garbage" if kind == "jpg" and seen[kind] - 1 in jpgs else data
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+
+
+@pytest.mark.filterwarnings("ignore:epoch 0. rank")
+def test_decode_skips_are_counted_once_across_a_resume(tiny_dataset, tmp_path):
+    write_image_shards(tiny_dataset, tmp_path, maxcount=9, progress=False)
+    urls = sorted(str(path) for path in tmp_path.glob("train-*.tar"))
+    spoil(urls[2], jpgs=(1, 5))
+    spoil(urls[4], labels=(3,))
+
+    def loader():
+        keys = ("jpg", "cls", "__key__")
+        data = ShardDataset(urls, buffer_size=10, keys=keys, batch_size=5, errors="skip")
+        return StatefulDataLoader(data, batch_size=None, num_workers=2)
+
+    def skipped(loader):
+        return [
+            sum(counts)
+            for counts in zip(*(s["skipped"] for s in loader_states(loader.state_dict())))
+        ]
+
+    whole = loader()
+    keys = [key for batch in whole for key in batch[2]]
+    assert skipped(whole) == [0, 0, 3] and len(keys) == 60 - 3
+    first = loader()
+    batches = iter(first)
+    before = [key for _ in range(3) for key in next(batches)[2]]
+    state = first.state_dict()
+    del batches
+    again = loader()
+    again.load_state_dict(state)
+    assert before + [key for batch in again for key in batch[2]] == keys
+    assert skipped(again) == [0, 0, 3]
+
+
 # --- a real kill ----------------------------------------------------------------------------------
 
 

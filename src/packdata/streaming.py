@@ -561,7 +561,8 @@ class ShardDataset(IterableDataset):
     def __len__(self):
         """Samples this rank yields this epoch (not batches). After ``load_state_dict`` of this
         epoch, those still to come: of the rest of an epoch, or of a worker's state when this
-        process reads without DataLoader workers."""
+        process reads without DataLoader workers. With ``errors="skip"`` the samples that will
+        fail count too: a bound, reached when none does."""
         layout = Layout(self.rank, self.world_size, 0, 1)
         loaded = self._loaded if self._loaded and self._loaded["epoch"] == self.epoch else None
         if loaded is not None and loaded.get("layout", list(layout)) != list(layout):
