@@ -153,8 +153,23 @@ def test_a_loader_slower_than_one_process_is_told_so_on_busy_cores():
     allow, line, why = ceiling.verdict(busy, "2 workers", 2).splitlines()
     assert line.startswith("2 workers: 80% of what 2 plain processes reach here")
     assert line.endswith(": slower than 1 plain process: 0.88×")
-    assert (
-        why
-        == "  in every round: other programs hold the cores, and here it costs more than it adds"
+    assert why == (
+        "  in every round: other programs hold the cores, and here the extra processes cost more "
+        "than they add"
     )
     assert max(map(len, (allow, line, why))) <= 110  # a slide's width
+
+
+def test_loaders_slower_than_one_process_share_one_line_of_why():
+    busy = compare.Comparison(
+        {
+            "ours": [88, 85, 92],
+            "webdataset": [60, 62, 58],
+            "1 plain process": [100, 100, 100],
+            "2 plain processes": [110, 105, 112],
+        }
+    )
+    allow, ours, theirs, why = ceiling.verdict(busy, ["ours", "webdataset"], 2).splitlines()
+    assert ours.endswith(": slower than 1 plain process: 0.88×")
+    assert theirs.endswith(": slower than 1 plain process: 0.60×")
+    assert why.startswith("  in every round: other programs hold the cores")

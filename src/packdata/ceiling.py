@@ -175,11 +175,13 @@ def verdict(
     at least ``enough``, ``short`` when none is, else that the rounds straddle it; a median share
     over ``ABOVE`` judges nothing (the loaders do the plain processes' work and more, so only a
     machine that moved can put them far above it). A loader slower than one plain process in
-    every round is told so whatever its share, on a line more: on busy cores the ceiling itself is
-    low. Lines stay short enough for a slide."""
+    every round is told so whatever its share, and one line more says why (once, however many
+    are): on busy cores the ceiling itself is low. Lines stay short enough for a slide, and a busy
+    machine adds at most one."""
     many, one = plain(processes), plain(1)
     allowed = comparison.ratio(many, one)
     lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
+    any_slower = False
     for loader in [loaders] if isinstance(loaders, str) else loaders:
         share, gain = comparison.ratio(loader, many), comparison.ratio(loader, one)
         slower = share.value <= ABOVE and gain.high < 1
@@ -197,9 +199,10 @@ def verdict(
             f"{loader}: {share.value:.0%} of what {many} reach here "
             f"(rounds {share.low:.0%} to {share.high:.0%}): {words}"
         )
-        if slower:
-            lines.append(
-                "  in every round: other programs hold the cores, and here it costs more than "
-                "it adds"
-            )
+        any_slower = any_slower or slower
+    if any_slower:
+        lines.append(
+            "  in every round: other programs hold the cores, and here the extra processes cost "
+            "more than they add"
+        )
     return "\n".join(lines)
