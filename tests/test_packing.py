@@ -10,6 +10,7 @@ import webdataset
 from PIL import Image
 
 from packdata import layout, samples
+from packdata.datasets import IndexedTarDataset, ZipDataset
 from packdata.imagefolder import load_manifest, manifest_digest
 from packdata.packing import FIXED_ZIP_TIME, TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
 from packdata.tario import FIXED_MTIME
@@ -137,6 +138,21 @@ def test_the_same_input_gives_a_byte_identical_archive(tiny_dataset, tmp_path, p
     first = pack(tiny_dataset, tmp_path / "first" / "a", payload=payload, progress=False)
     second = pack(tiny_dataset, tmp_path / "second" / "a", payload=payload, progress=False)
     assert sha256(first) == sha256(second)
+
+
+@pytest.mark.parametrize("pack, reader", [(pack_zip, ZipDataset), (pack_tar, IndexedTarDataset)])
+def test_packing_again_the_same_bytes_leaves_the_archive_and_its_readers_alone(
+    tiny_dataset, tmp_path, pack, reader
+):
+    archive = pack(tiny_dataset, tmp_path / "a", progress=False)
+    dataset, before = reader(archive), archive.stat()
+    pack(tiny_dataset, archive, progress=False)  # lesson 2 run again while lesson 3 reads it
+    after = archive.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert dataset.read_bytes(0)
+    assert not [path.name for path in tmp_path.iterdir() if path.name.startswith(".")]  # no temp
+    pack(tiny_dataset, archive, payload="raw", progress=False)  # other bytes: replaced
+    assert archive.stat().st_ino != before.st_ino
 
 
 def test_webdataset_reads_the_tar_with_the_same_keys_and_labels(tiny_dataset, tmp_path):

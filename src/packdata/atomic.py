@@ -10,6 +10,7 @@ over the target, which POSIX makes atomic within one filesystem.
         (staging / "a.jpg").write_bytes(jpeg)
 """
 
+import filecmp
 import os
 import shutil
 import tempfile
@@ -24,9 +25,11 @@ def temporary_prefix(name):
 
 
 @contextmanager
-def written_atomically(path):
+def written_atomically(path, keep_same=False):
     """Yield a binary file that becomes ``path`` only when the block succeeds; otherwise nothing is
-    left."""
+    left. ``keep_same``: when ``path`` already holds the very bytes written, it stays as it was
+    (its inode and time too), so that a reader that checks them, opened on it elsewhere, is not
+    told it changed."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder: give the name of the file to write")
@@ -38,12 +41,20 @@ def written_atomically(path):
             file.flush()
             # on disk before the rename: after a crash the name never holds a partial file
             os.fsync(file.fileno())
+        if keep_same and same_bytes(temporary, path):
+            os.unlink(temporary)
+            return
         # mkstemp makes it private; an archive should be readable like any file
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def same_bytes(one, other):
+    """True when the files ``one`` and ``other`` both exist and hold the same bytes."""
+    return os.path.isfile(other) and filecmp.cmp(one, other, shallow=False)
 
 
 @contextmanager

@@ -94,11 +94,12 @@ def _add_zip_member(zip_file, name, data):
 def pack_zip(root, archive, *, payload="jpeg", resize=None, progress=True):
     """Pack the dataset at ``root`` into an uncompressed ZIP: ``<key><suffix>`` in key order, then
     ``manifest.json``. ``resize=n`` stores every image resized to n×n. Returns the archive's path.
-    """
+    Packing again into the same bytes leaves the archive as it was: a dataset opened on it in
+    another notebook stays valid."""
     suffix, source, payloads = _start_packing(root, archive, payload, resize, progress)
     entries = []
     with (
-        written_atomically(archive) as file,
+        written_atomically(archive, keep_same=True) as file,
         zipfile.ZipFile(file, "w", zipfile.ZIP_STORED) as zip_file,
     ):
         for key, label, data in payloads:
@@ -113,7 +114,7 @@ def pack_zip(root, archive, *, payload="jpeg", resize=None, progress=True):
 def pack_tar(root, archive, *, payload="jpeg", resize=None, progress=True):
     """Pack the dataset at ``root`` into a tar in webdataset layout: ``__manifest__`` first, then
     per sample in key order ``<key><suffix>`` and ``<key>.cls`` (the label in ASCII digits). Returns
-    the archive's path.
+    the archive's path; as ``pack_zip``, packing again into the same bytes leaves it as it was.
 
     The manifest needs every payload's hash before it can be written first, so the samples are
     spooled to an anonymous temporary file next to the archive and copied in behind it.
@@ -121,7 +122,10 @@ def pack_tar(root, archive, *, payload="jpeg", resize=None, progress=True):
     archive = Path(archive)
     suffix, source, payloads = _start_packing(root, archive, payload, resize, progress)
     entries = []
-    with written_atomically(archive) as file, tempfile.TemporaryFile(dir=archive.parent) as samples:
+    with (
+        written_atomically(archive, keep_same=True) as file,
+        tempfile.TemporaryFile(dir=archive.parent) as samples,
+    ):
         for key, label, data in payloads:
             samples.write(tar_member(key + suffix, data))
             samples.write(tar_member(f"{key}.cls", str(label).encode("ascii")))
