@@ -642,6 +642,15 @@ def with_bad(urls, tmp_path_factory):
     return [*urls, *write_bad_shards(tmp_path_factory.mktemp("bad-shards"))]
 
 
+def test_len_after_a_state_in_a_damaged_shard_is_not_negative(with_bad):
+    cut = [url for url in with_bad if url.endswith("cut.tar")]
+    first = dataset(cut, shuffle=False, errors="skip", buffer_size=0)
+    taken = list(islice(first.iterate(), 2))
+    resumed = dataset(cut, shuffle=False, errors="skip", buffer_size=0)
+    resumed.load_state_dict(first.state_dict())
+    assert len(taken) == 2 and len(resumed) == 0  # the cut shard counts 0: an estimate
+
+
 def test_a_skip_before_a_resume_is_counted_once(with_bad):
     options = {"shuffle": False, "errors": "skip"}
     with pytest.warns(UserWarning, match=r"1 shard\(s\), the rest of 1 damaged shard\(s\), and 1"):

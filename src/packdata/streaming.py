@@ -561,8 +561,9 @@ class ShardDataset(IterableDataset):
     def __len__(self):
         """Samples this rank yields this epoch (not batches). After ``load_state_dict`` of this
         epoch, those still to come: of the rest of an epoch, or of a worker's state when this
-        process reads without DataLoader workers. With ``errors="skip"`` the samples that will
-        fail count too: a bound, reached when none does."""
+        process reads without DataLoader workers. With ``errors="skip"`` it is an estimate: the
+        samples that will fail count, and a damaged shard counts 0 though the samples before its
+        damage arrive (never below 0)."""
         layout = Layout(self.rank, self.world_size, 0, 1)
         loaded = self._loaded if self._loaded and self._loaded["epoch"] == self.epoch else None
         if loaded is not None and loaded.get("layout", list(layout)) != list(layout):
@@ -576,7 +577,7 @@ class ShardDataset(IterableDataset):
         if quota is None:
             sizes = [self.sizes()[shard] for shard in self.shards]
             quota = sum(rest.count(sizes[index]) for index, rest in shards)
-        return 0 if progress.done else quota - progress.yielded
+        return 0 if progress.done else max(quota - progress.yielded, 0)
 
     def __iter__(self):
         return self.iterate(*_worker())
