@@ -222,12 +222,23 @@ class Progress:
     reading each shard reported (``reported``), and what it skipped this epoch (``skipped``: shards,
     damaged shards, samples; ``streaming.Skips`` counts into it)."""
 
-    def __init__(self, epoch, rest, layout, read=(), shards=(), yielded=0, done=False, **counts):
+    def __init__(
+        self,
+        epoch,
+        rest,
+        layout,
+        read=(),
+        shards=(),
+        yielded=0,
+        done=False,
+        *,
+        reported=(),
+        skipped=NO_SKIPS,
+    ):
         self.epoch, self.rest, self.layout = epoch, rest, layout
         self.read, self.shards = list(read), list(shards)
         self.yielded, self.done = yielded, done
-        self.reported = list(counts.get("reported", ()))
-        self.skipped = list(counts.get("skipped", NO_SKIPS))
+        self.reported, self.skipped = list(reported), list(skipped)
 
     def state(self, dataset):
         """The JSON-able state (see the module's description)."""
