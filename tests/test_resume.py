@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from packdata import preemption
@@ -224,6 +225,42 @@ def test_states_of_a_rest_merge_whether_they_went_through_json_or_not(urls, all_
     assert_exactly_once(flat(before) + middle + flat(after), all_keys)
 
 
+def saved_by_older(state, fields):
+    """``state`` as an older packdata saved it: without ``fields``; its rest's rows without the
+    digest (``shards``) and the problems (``reported``), and the rest without its skips."""
+    rest = state["rest"]
+    if rest is not None and "reported" in fields:
+        width = 4 if "shards" in fields else 5
+        rest = {"generation": rest["generation"], "shards": [r[:width] for r in rest["shards"]]}
+    return {**{k: v for k, v in state.items() if k not in fields}, "rest": rest}
+
+
+OLDER = [("reported", "skipped", "size"), ("shards", "reported", "skipped", "size")]
+
+
+@pytest.mark.parametrize("fields", [("size",), *OLDER])
+def test_a_workers_state_saved_by_an_older_packdata_resumes_with_a_warning(urls, fields):
+    whole = [key for key, _ in dataset(urls).iterate()]
+    first = dataset(urls)
+    taken = [key for key, _ in islice(first.iterate(), 10)]
+    resumed = dataset(urls)
+    with pytest.warns(UserWarning, match=f"older packdata, without {', '.join(fields)}: it"):
+        resumed.load_state_dict(saved_by_older(first.state_dict(), fields))
+    assert taken + [key for key, _ in resumed.iterate()] == whole
+
+
+@pytest.mark.parametrize("fields", OLDER)
+def test_a_rest_saved_by_an_older_packdata_resumes_with_a_warning(urls, all_keys, fields):
+    before, states = run(urls, (2, 2), 0, None, [7, 4])
+    with pytest.warns(UserWarning, match="older packdata"):
+        old = [saved_by_older(state, fields) for state in every_worker(states)]
+        rest = saved_by_older(rest_of_epoch(dataset(urls), old), fields)
+    lacks = ", ".join(fields[:-1])  # a rest has no size
+    with pytest.warns(UserWarning, match=f"older packdata, without {lacks}: it"):
+        after, _ = run(urls, (1, 2), 0, rest, [None])
+    assert_exactly_once(flat(before) + flat(after), all_keys)
+
+
 def test_loader_states_refuse_a_checkpoint_between_snapshots(urls):
     loader = StatefulDataLoader(
         dataset(urls), batch_size=4, num_workers=1, snapshot_every_n_steps=3
@@ -388,9 +425,9 @@ def test_decoded_batches_resume_exactly(tiny_dataset, tmp_path):
         assert torch.equal(images, images_then)
 
 
-def spoil(url, jpgs=(), labels=()):
-    """Rewrite the shard at ``url`` with its ``jpgs``-th images made garbage and its ``labels``-th
-    labels left out (counted among the shard's images and labels, from 0)."""
+def spoil(url, jpgs=(), labels=(), garbage=b"garbage"):
+    """Rewrite the shard at ``url`` with its ``jpgs``-th images replaced by ``garbage`` and its
+    ``labels``-th labels left out (counted among the shard's images and labels, from 0)."""
     with tarfile.open(url) as tar:
         members = [(member, tar.extractfile(member).read()) for member in tar.getmembers()]
     seen = Counter()
@@ -400,7 +437,7 @@ def spoil(url, jpgs=(), labels=()):
             seen[kind] += 1
             if kind == "cls" and seen[kind] - 1 in labels:
                 continue
-            data = b"garbage" if kind == "jpg" and seen[kind] - 1 in jpgs else data
+            data = garbage if kind == "jpg" and seen[kind] - 1 in jpgs else data
             member.size = len(data)
             tar.addfile(member, io.BytesIO(data))
 
@@ -435,6 +472,28 @@ def test_decode_skips_are_counted_once_across_a_resume(tiny_dataset, tmp_path):
     again.load_state_dict(state)
     assert before + [key for batch in again for key in batch[2]] == keys
     assert skipped(again) == [0, 0, 3]
+
+
+@pytest.mark.filterwarnings("ignore:epoch 0. rank")
+def test_a_resumed_worker_batches_images_of_the_shape_it_batched_before(tiny_dataset, tmp_path):
+    write_image_shards(tiny_dataset, tmp_path, maxcount=9, progress=False)
+    urls = sorted(str(path) for path in tmp_path.glob("train-*.tar"))[:3]
+    other = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(other, "JPEG")
+    spoil(urls[1], jpgs=range(1, 9), garbage=other.getvalue())  # after 10 samples: 8 of another
+
+    def dataset():
+        keys = ("jpg", "__key__")
+        return ShardDataset(urls, shuffle=False, keys=keys, batch_size=5, errors="skip")
+
+    whole = [key for _, keys in dataset() for key in keys]
+    first = dataset()
+    batches = first.iterate()
+    before = [key for _ in range(2) for key in next(batches)[1]]
+    again = dataset()
+    again.load_state_dict(first.state_dict())
+    assert before + [key for _, keys in again.iterate() for key in keys] == whole
+    assert again.state_dict()["skipped"] == [0, 0, 8]
 
 
 # --- a real kill ----------------------------------------------------------------------------------
@@ -642,13 +701,16 @@ def with_bad(urls, tmp_path_factory):
     return [*urls, *write_bad_shards(tmp_path_factory.mktemp("bad-shards"))]
 
 
-def test_len_after_a_state_in_a_damaged_shard_is_not_negative(with_bad):
+def test_len_counts_the_samples_before_a_shards_damage_after_a_resume(with_bad):
     cut = [url for url in with_bad if url.endswith("cut.tar")]
     first = dataset(cut, shuffle=False, errors="skip", buffer_size=0)
+    assert len(first) == 4  # the 4 samples before the cut
     taken = list(islice(first.iterate(), 2))
     resumed = dataset(cut, shuffle=False, errors="skip", buffer_size=0)
     resumed.load_state_dict(first.state_dict())
-    assert len(taken) == 2 and len(resumed) == 0  # the cut shard counts 0: an estimate
+    assert len(taken) == 2 and len(resumed) == 2
+    with pytest.warns(UserWarning, match="the rest of 1 damaged shard"):
+        assert len(list(resumed.iterate())) == 2
 
 
 def test_a_skip_before_a_resume_is_counted_once(with_bad):
@@ -663,6 +725,18 @@ def test_a_skip_before_a_resume_is_counted_once(with_bad):
     with pytest.warns(UserWarning, match=counted + r" \(3 of them before a resume"):
         after = [key for key, _ in resumed.iterate()]  # the shard under way read again: no twice
     assert before + after == whole
+
+
+def test_the_skips_of_every_worker_before_a_rest_go_on_with_rank_0_worker_0(with_bad):
+    options = {"shuffle": False, "errors": "skip"}
+    with pytest.warns(UserWarning, match="skipped"):
+        _, states = run(with_bad, (2, 1), 0, None, [None, None], **options)
+    rest = rest_of_epoch(dataset(with_bad, **options), every_worker(states))
+    resumed = dataset(with_bad, **options)
+    resumed.load_state_dict(rest)
+    counted = r"\(3 of them before a resume, of every rank and worker before it, counted in its"
+    with pytest.warns(UserWarning, match=counted):
+        assert list(resumed.iterate()) == []
 
 
 @pytest.mark.filterwarnings("ignore:epoch 1. rank")

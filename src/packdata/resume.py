@@ -9,7 +9,7 @@ What a worker's state holds
         {"epoch": 3, "dataset": "7 shards 9f2c41d0, seed 0, shuffled, buffer 8, keys __key__ cls",
          "rest": null, "layout": [0, 2, 1, 2], "read": [9, 9, 4],
          "shards": ["3f0a9c1e52d87b64", "c41d0e2a9b7f3856", "07be5a3c1d9e4f28"], "yielded": 14,
-         "done": false, "reported": [0, 1, 0], "skipped": [0, 0, 1]}
+         "done": false, "reported": [0, 1, 0], "skipped": [0, 0, 1], "size": null}
 
     ``read``: samples taken in from each of the worker's shards so far (the last one may be under
     way); ``shards``: a digest of each of those shards' sample keys in order, taken as it was read
@@ -18,7 +18,9 @@ What a worker's state holds
     finished its part. With ``errors="skip"``: ``reported``, the problems reading each of those
     shards reported (a shard read again on the resume passes over as many, so none is counted
     twice), and ``skipped``, the shards, damaged shards and samples it skipped this epoch (the
-    warning at the epoch's end goes on from them, so none is lost with the killed process).
+    warning at the epoch's end goes on from them, so none is lost with the killed process). With
+    ``batch_size``: ``size``, the shape of the first image the worker decoded and its sample's key
+    (images of another shape cannot join its batches; the resumed worker keeps to the same shape).
     ``rest`` is null for a whole epoch (for the rest of one, see below).
     ``StatefulDataLoader`` asks each worker for its state along with each batch it snapshots, and
     keeps the state of the batches the loop has received: prefetched batches do not count.
@@ -41,7 +43,8 @@ Another layout: the rest of the epoch
     order, ``split_shards``), and each worker reads only what is left of its shards (a shard with
     nothing left, not at all), through a shuffle buffer seeded anew. With as many ranks as before,
     every rank keeps its shards and finishes its own part: only the split among its workers
-    changes. The skips counted before go on with rank 0's worker 0.
+    changes. The skips counted before go on with rank 0's worker 0; each worker takes the size its
+    batches keep afresh, from the first image it decodes.
 
     Without ``equalize`` every sample left arrives exactly once. With ``equalize`` every new rank
     yields as many as the rank with the fewest left, and the surplus is left out, as ``equalize``
@@ -60,6 +63,7 @@ is what a training job restarted from that checkpoint needs.
 """
 
 import hashlib
+import warnings
 from bisect import bisect_right
 from collections import defaultdict
 from functools import partial
@@ -220,7 +224,8 @@ class Progress:
     samples it took in from each of its shards (``read``) and which samples those held
     (``shards``, their keys' digests), how many its buffer handed on (``yielded``); the problems
     reading each shard reported (``reported``), and what it skipped this epoch (``skipped``: shards,
-    damaged shards, samples; ``streaming.Skips`` counts into it)."""
+    damaged shards, samples; ``streaming.Skips`` counts into it); the ``(shape, sample key)`` of the
+    first image it decoded when it batches (``size``, set by ``streaming.decode``)."""
 
     def __init__(
         self,
@@ -234,11 +239,13 @@ class Progress:
         *,
         reported=(),
         skipped=NO_SKIPS,
+        size=None,
     ):
         self.epoch, self.rest, self.layout = epoch, rest, layout
         self.read, self.shards = list(read), list(shards)
         self.yielded, self.done = yielded, done
         self.reported, self.skipped = list(reported), list(skipped)
+        self.size = None if size is None else (tuple(size[0]), size[1])
 
     def state(self, dataset):
         """The JSON-able state (see the module's description)."""
@@ -253,6 +260,7 @@ class Progress:
             "done": self.done,
             "reported": list(self.reported),
             "skipped": list(self.skipped),
+            "size": None if self.size is None else [list(self.size[0]), self.size[1]],
         }
 
     def todo(self, shards):
@@ -316,7 +324,45 @@ def checked(state, dataset):
             f"the state is of another dataset: it was saved for {state['dataset']!r}, this one is "
             f"{dataset!r}"
         )
-    return state
+    return _current(state)
+
+
+# The fields of a state that an older packdata did not save, and what goes unchecked without them.
+OLDER = {
+    "shards": "a shard rewritten since it was saved goes unnoticed",
+    "reported": "with errors='skip', a problem found before it may be counted again",
+    "skipped": "with errors='skip', the skips before it are left out of the epoch's count",
+    "size": "with batch_size, the image shape batches keep is taken afresh after it",
+}
+
+
+def _current(state):
+    """``state`` as this packdata saves it: the fields an older one did not save (``OLDER``) read
+    as empty, with a warning that says what goes unchecked, so a job checkpointed before an
+    upgrade still resumes."""
+    missing = [field for field in OLDER if "layout" in state and field not in state]
+    rest = state["rest"]
+    if rest is not None and "skipped" not in rest:  # rows lacked a digest, then problems
+        short = any(len(row) < 5 for row in rest["shards"])
+        lacks = {*missing, *("shards",) * short, "reported", "skipped"}
+        missing = [field for field in OLDER if field in lacks]
+        rows = [[*row, *(None, 0)[len(row) - 4 :]] for row in rest["shards"]]
+        state = {**state, "rest": {**rest, "shards": rows, "skipped": list(NO_SKIPS)}}
+    if not missing:
+        return state
+    warnings.warn(
+        f"the state was saved by an older packdata, without {', '.join(missing)}: it resumes, "
+        f"but {'; '.join(OLDER[field] for field in missing)}",
+        stacklevel=4,  # where load_state_dict is called
+    )
+    read = len(state.get("read", ()))
+    empty = {
+        "shards": [None] * read,
+        "reported": [0] * read,
+        "skipped": list(NO_SKIPS),
+        "size": None,
+    }
+    return {**(empty if "layout" in state else {}), **state}
 
 
 def progress_from(state, layout):
@@ -342,6 +388,7 @@ def progress_from(state, layout):
         state["done"],
         reported=state["reported"],
         skipped=state["skipped"],
+        size=state["size"],
     )
 
 

@@ -21,7 +21,7 @@ from .fields import image_field
 from .httpclient import HttpClient, is_url
 from .images import decode_image
 from .layout import expand_shards, group_samples, is_meta, members_of, raise_now, split_member
-from .tarscan import scan_buffer
+from .tarscan import scan_buffer, scan_readable
 
 
 @cache
@@ -61,13 +61,16 @@ def mapped(path):
         return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-def count_shard_samples(shard, read=read_shard):
+def count_shard_samples(shard, read=read_shard, damaged="raise"):
     """The number of samples (distinct keys) in one shard, from its headers; ``read(shard)`` gives
-    its bytes."""
+    its bytes. Damage raises; with ``damaged="count"`` the samples before it count instead (those
+    a reader that skips what it cannot read yields)."""
     data = read(shard)
-    return len(
-        {split_member(name)[0] for name, _, _ in scan_buffer(data, shard) if not is_meta(name)}
-    )
+    if damaged == "count":
+        members, _ = scan_readable(data, shard)
+    else:
+        members = scan_buffer(data, shard)
+    return len({split_member(name)[0] for name, _, _ in members if not is_meta(name)})
 
 
 def _samples_in(data, shard, members):

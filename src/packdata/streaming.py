@@ -242,12 +242,13 @@ def shuffle_buffer(samples, size, rng):
     yield from buffer
 
 
-def decode(items, keys, transform, decoder, report, same_size=False):
+def decode(items, keys, transform, decoder, report, sized=None):
     """Decode each tuple field by its key (``fields.decode_field``); ``transform`` applies to the
     image field. Items arrive as ``(shard, sample key, *fields)`` and leave as the decoded fields,
-    so that a sample that cannot be decoded is named. With ``same_size`` (batching here), an image
-    of another size than the first is reported, naming both samples."""
-    image_key, first = image_field(keys), None
+    so that a sample that cannot be decoded is named. With ``sized`` (a ``resume.Progress``, when
+    batching here), an image of another shape than the first (``sized.size``, kept across a
+    resume) is reported, naming both samples."""
+    image_key = image_field(keys)
     image = keys.index(image_key) if image_key is not None else None
     kinds = [(key, index == image) for index, key in enumerate(keys)]
     for shard, sample_key, *item in items:
@@ -262,11 +263,11 @@ def decode(items, keys, transform, decoder, report, same_size=False):
             continue
         if transform is not None:
             fields[image] = transform(fields[image])
-        if same_size and image is not None:
+        if sized is not None and image is not None:
             shape = tuple(fields[image].shape)
-            first = first or (shape, sample_key)
-            if shape != first[0]:
-                report(ShardError(different_size(shard, sample_key, shape, first)))
+            sized.size = sized.size or (shape, sample_key)
+            if shape != sized.size[0]:
+                report(ShardError(different_size(shard, sample_key, shape, sized.size)))
                 continue
         yield tuple(fields)
 
@@ -310,9 +311,12 @@ class Skips:
     reasons are those of this process."""
 
     def __init__(self, progress):
-        self.where = f"rank {progress.layout.rank} worker {progress.layout.worker}"
+        rank, _, worker, _ = progress.layout
+        self.where = f"rank {rank} worker {worker}"
         self.reasons, self.counts = [], progress.skipped
         self.before = sum(self.counts)
+        merged = progress.rest.generation and rank == worker == 0  # it goes on with every count
+        self.whose = ", of every rank and worker before it" if merged else ""
 
     shards = property(lambda self: self.counts[0])
     damaged = property(lambda self: self.counts[1])
@@ -330,7 +334,7 @@ class Skips:
         more = len(self.reasons) - 3
         examples = "; ".join(self.reasons[:3]) + (f"; and {more} more" if more > 0 else "")
         damaged = f", the rest of {self.damaged} damaged shard(s)," if self.damaged else ""
-        before = f" ({self.before} of them before a resume, counted in its state)"
+        before = f" ({self.before} of them before a resume{self.whose}, counted in its state)"
         return (
             f"{self.where} skipped {self.shards} shard(s){damaged} and {self.samples} sample(s) "
             f"this epoch{before if self.before else ''}: {examples or 'no reasons kept'}"
@@ -545,14 +549,15 @@ class ShardDataset(IterableDataset):
     def sizes(self):
         """``{shard: number of samples}``, counted (one read per shard) the first time it is needed.
         With ``errors="skip"`` a shard that cannot be read counts 0 (iterating skips it, and counts
-        it then)."""
+        it then), and a damaged one the samples before its damage."""
         if self._sizes is None:
             self._sizes = {shard: self._count(shard) for shard in self.shards}
         return self._sizes
 
     def _count(self, shard):
         try:
-            return count_shard_samples(shard, self._read_again() or read_shard)
+            damaged = "raise" if self.errors == "raise" else "count"
+            return count_shard_samples(shard, self._read_again() or read_shard, damaged)
         except UNREADABLE:
             if self.errors == "raise":
                 raise
@@ -562,8 +567,7 @@ class ShardDataset(IterableDataset):
         """Samples this rank yields this epoch (not batches). After ``load_state_dict`` of this
         epoch, those still to come: of the rest of an epoch, or of a worker's state when this
         process reads without DataLoader workers. With ``errors="skip"`` it is an estimate: the
-        samples that will fail count, and a damaged shard counts 0 though the samples before its
-        damage arrive (never below 0)."""
+        samples that will fail count (never below 0)."""
         layout = Layout(self.rank, self.world_size, 0, 1)
         loaded = self._loaded if self._loaded and self._loaded["epoch"] == self.epoch else None
         if loaded is not None and loaded.get("layout", list(layout)) != list(layout):
@@ -605,8 +609,8 @@ class ShardDataset(IterableDataset):
         if reads is not None:
             samples = closing(samples, reads)
         if self.decode:
-            batching = bool(self.batch_size)
-            samples = decode(samples, self.keys, self.transform, self.decoder, report, batching)
+            sized = progress if self.batch_size else None
+            samples = decode(samples, self.keys, self.transform, self.decoder, report, sized)
         if self.batch_size:
             samples = batched(samples, self.batch_size)
         return samples if report is raise_now else self.reporting(samples, report)
