@@ -10,6 +10,7 @@ import io
 import json
 import random
 import tarfile
+import warnings
 from collections import Counter
 from itertools import islice
 
@@ -238,26 +239,52 @@ def saved_by_older(state, fields):
 OLDER = [("reported", "skipped", "size"), ("shards", "reported", "skipped", "size")]
 
 
-@pytest.mark.parametrize("fields", [("size",), *OLDER])
-def test_a_workers_state_saved_by_an_older_packdata_resumes_with_a_warning(urls, fields):
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [(("size",), None), (OLDER[0], "reported, skipped"), (OLDER[1], "shards, reported, skipped")],
+)
+def test_a_workers_state_saved_by_an_older_packdata_resumes_with_a_warning(urls, fields, named):
     whole = [key for key, _ in dataset(urls).iterate()]
-    first = dataset(urls)
+    first = dataset(urls, errors="skip")
     taken = [key for key, _ in islice(first.iterate(), 10)]
-    resumed = dataset(urls)
-    with pytest.warns(UserWarning, match=f"older packdata, without {', '.join(fields)}: it"):
-        resumed.load_state_dict(saved_by_older(first.state_dict(), fields))
+    resumed = dataset(urls, errors="skip")
+    old = saved_by_older(first.state_dict(), fields)
+    if named is None:  # it does not decode: the missing size leaves nothing unchecked
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            resumed.load_state_dict(old)
+    else:
+        with pytest.warns(UserWarning, match=f"older packdata, without {named}: it resumes"):
+            resumed.load_state_dict(old)
     assert taken + [key for key, _ in resumed.iterate()] == whole
+
+
+def test_an_older_state_is_warned_of_once_whatever_the_workers(urls, capfd):
+    first = StatefulDataLoader(dataset(urls), batch_size=4, num_workers=2)
+    batches = iter(first)
+    [next(batches) for _ in range(3)]
+    state = first.state_dict()
+    del batches
+    for worker in state["_snapshot"]["_worker_snapshots"].values():
+        worker["dataset_state"] = saved_by_older(worker["dataset_state"], OLDER[1])
+    spawned = {"num_workers": 2, "multiprocessing_context": "spawn"}  # warnings to stderr
+    again = StatefulDataLoader(dataset(urls), batch_size=4, **spawned)
+    again.load_state_dict(state)
+    list(again)
+    assert capfd.readouterr().err.count("older packdata, without shards: it resumes") == 1
 
 
 @pytest.mark.parametrize("fields", OLDER)
 def test_a_rest_saved_by_an_older_packdata_resumes_with_a_warning(urls, all_keys, fields):
-    before, states = run(urls, (2, 2), 0, None, [7, 4])
-    with pytest.warns(UserWarning, match="older packdata"):
-        old = [saved_by_older(state, fields) for state in every_worker(states)]
-        rest = saved_by_older(rest_of_epoch(dataset(urls), old), fields)
+    before, states = run(urls, (2, 2), 0, None, [7, 4], errors="skip")
+    old = [saved_by_older(state, fields) for state in every_worker(states)]
+    with pytest.warns(UserWarning, match="older packdata") as warned:
+        rest = rest_of_epoch(dataset(urls, errors="skip"), old)
+    assert len(warned) == 1
+    rest = saved_by_older(rest, fields)
     lacks = ", ".join(fields[:-1])  # a rest has no size
     with pytest.warns(UserWarning, match=f"older packdata, without {lacks}: it"):
-        after, _ = run(urls, (1, 2), 0, rest, [None])
+        after, _ = run(urls, (1, 2), 0, rest, [None], errors="skip")
     assert_exactly_once(flat(before) + flat(after), all_keys)
 
 
@@ -494,6 +521,8 @@ def test_a_resumed_worker_batches_images_of_the_shape_it_batched_before(tiny_dat
     again.load_state_dict(first.state_dict())
     assert before + [key for _, keys in again.iterate() for key in keys] == whole
     assert again.state_dict()["skipped"] == [0, 0, 8]
+    with pytest.warns(UserWarning, match="without size: it resumes, but the image shape its"):
+        dataset().load_state_dict(saved_by_older(first.state_dict(), ("size",)))
 
 
 # --- a real kill ----------------------------------------------------------------------------------
@@ -734,9 +763,22 @@ def test_the_skips_of_every_worker_before_a_rest_go_on_with_rank_0_worker_0(with
     rest = rest_of_epoch(dataset(with_bad, **options), every_worker(states))
     resumed = dataset(with_bad, **options)
     resumed.load_state_dict(rest)
-    counted = r"\(3 of them before a resume, of every rank and worker before it, counted in its"
+    counted = r"\(3 of them before a resume, 3 of those by the workers before the epoch's rest, c"
     with pytest.warns(UserWarning, match=counted):
         assert list(resumed.iterate()) == []
+
+
+def test_a_workers_own_skips_in_a_rest_are_not_put_down_to_the_workers_before(with_bad):
+    options = {"shuffle": False, "errors": "skip"}
+    _, states = run(with_bad, (2, 1), 0, None, [0, 0], **options)  # nothing read, nothing skipped
+    rest = rest_of_epoch(dataset(with_bad, **options), every_worker(states))
+    first = dataset(with_bad, **options)
+    first.load_state_dict(rest)
+    taken = list(islice(first.iterate(), len(dataset(with_bad, **options)) - 2))  # bad ones too
+    resumed = dataset(with_bad, **options)
+    resumed.load_state_dict(first.state_dict())
+    with pytest.warns(UserWarning, match=r"\(3 of them before a resume, counted in its state\)"):
+        assert len(taken + list(resumed.iterate())) == 65 + 2 + 4
 
 
 @pytest.mark.filterwarnings("ignore:epoch 1. rank")

@@ -311,35 +311,54 @@ class Progress:
             yield sample
 
 
-def checked(state, dataset):
+def checked(state, dataset, stacklevel=3):
     """``state`` (a worker's, or a rest of an epoch), refused with the reason when it does not fit
-    the dataset described by ``dataset`` (a ``fingerprint``)."""
+    ``dataset`` (a ``ShardDataset``); a state saved by an older packdata is read as this one saves
+    it (``upgraded``), with a warning when ``dataset`` needs what it lacks (``unchecked``), given
+    once a job: on rank 0, by its worker 0's state or by a rest."""
     if not isinstance(state, dict) or not {"epoch", "dataset", "rest"} <= state.keys():
         raise ValueError(
             "not a ShardDataset state: expected a dict with 'epoch', 'dataset' and 'rest' (from "
             "state_dict() or resume.rest_of_epoch)"
         )
-    if state["dataset"] != dataset:
+    if state["dataset"] != dataset.fingerprint():
         raise ValueError(
             f"the state is of another dataset: it was saved for {state['dataset']!r}, this one is "
-            f"{dataset!r}"
+            f"{dataset.fingerprint()!r}"
         )
-    return _current(state)
+    state, missing = upgraded(state)
+    lacking = unchecked(missing, dataset)
+    rank, _, worker, _ = state.get("layout", [dataset.rank, 1, 0, 1])
+    if lacking and rank == worker == 0:
+        warnings.warn(
+            f"the state was saved by an older packdata, without {', '.join(lacking)}: it resumes, "
+            f"but {'; '.join(OLDER[field] for field in lacking)}",
+            stacklevel=stacklevel,
+        )
+    return state
 
 
 # The fields of a state that an older packdata did not save, and what goes unchecked without them.
 OLDER = {
     "shards": "a shard rewritten since it was saved goes unnoticed",
-    "reported": "with errors='skip', a problem found before it may be counted again",
-    "skipped": "with errors='skip', the skips before it are left out of the epoch's count",
-    "size": "with batch_size, the image shape batches keep is taken afresh after it",
+    "reported": "a problem found before it may be counted again",
+    "skipped": "the skips before it are left out of the epoch's count",
+    "size": "the image shape its batches keep is taken afresh after it",
 }
 
 
-def _current(state):
-    """``state`` as this packdata saves it: the fields an older one did not save (``OLDER``) read
-    as empty, with a warning that says what goes unchecked, so a job checkpointed before an
-    upgrade still resumes."""
+def unchecked(missing, dataset):
+    """Of the ``missing`` fields, those that ``dataset`` uses: the problems and skips when it skips
+    them (``errors="skip"``), the image shape when it decodes and batches."""
+    used = {"shards"}
+    used |= {"reported", "skipped"} if dataset.errors == "skip" else set()
+    used |= {"size"} if dataset.decode and dataset.batch_size else set()
+    return [field for field in missing if field in used]
+
+
+def upgraded(state):
+    """``(state, missing)``: ``state`` as this packdata saves it, the fields an older one did not
+    save (``OLDER``) read as empty, and the names of those fields."""
     missing = [field for field in OLDER if "layout" in state and field not in state]
     rest = state["rest"]
     if rest is not None and "skipped" not in rest:  # rows lacked a digest, then problems
@@ -348,13 +367,6 @@ def _current(state):
         missing = [field for field in OLDER if field in lacks]
         rows = [[*row, *(None, 0)[len(row) - 4 :]] for row in rest["shards"]]
         state = {**state, "rest": {**rest, "shards": rows, "skipped": list(NO_SKIPS)}}
-    if not missing:
-        return state
-    warnings.warn(
-        f"the state was saved by an older packdata, without {', '.join(missing)}: it resumes, "
-        f"but {'; '.join(OLDER[field] for field in missing)}",
-        stacklevel=4,  # where load_state_dict is called
-    )
     read = len(state.get("read", ()))
     empty = {
         "shards": [None] * read,
@@ -362,7 +374,7 @@ def _current(state):
         "skipped": list(NO_SKIPS),
         "size": None,
     }
-    return {**(empty if "layout" in state else {}), **state}
+    return {**(empty if "layout" in state else {}), **state}, missing
 
 
 def progress_from(state, layout):
@@ -533,7 +545,7 @@ def rest_of_epoch(dataset, states):
 def _complete(dataset, states):
     """``states`` in layout order, refused unless they are every worker's of one epoch and one
     layout."""
-    states = sorted((checked(state, dataset.fingerprint()) for state in states), key=_layout_of)
+    states = sorted((checked(state, dataset, stacklevel=5) for state in states), key=_layout_of)
     if not states or any("layout" not in state for state in states):
         raise ValueError("rest_of_epoch needs the states of workers (ShardDataset.state_dict)")
     first = states[0]

@@ -63,8 +63,8 @@ def mapped(path):
 
 def count_shard_samples(shard, read=read_shard, damaged="raise"):
     """The number of samples (distinct keys) in one shard, from its headers; ``read(shard)`` gives
-    its bytes. Damage raises; with ``damaged="count"`` the samples before it count instead (those
-    a reader that skips what it cannot read yields)."""
+    its bytes. Damage raises; with ``damaged="count"`` the keys of the members before it count
+    instead (a sample cut between its members counts too, though a reader then skips it)."""
     data = read(shard)
     if damaged == "count":
         members, _ = scan_readable(data, shard)

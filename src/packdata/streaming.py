@@ -315,8 +315,8 @@ class Skips:
         self.where = f"rank {rank} worker {worker}"
         self.reasons, self.counts = [], progress.skipped
         self.before = sum(self.counts)
-        merged = progress.rest.generation and rank == worker == 0  # it goes on with every count
-        self.whose = ", of every rank and worker before it" if merged else ""
+        merged = sum(progress.rest.skipped) if rank == worker == 0 else 0  # the rest's, carried
+        self.whose = f", {merged} of those by the workers before the epoch's rest" if merged else ""
 
     shards = property(lambda self: self.counts[0])
     damaged = property(lambda self: self.counts[1])
@@ -662,7 +662,7 @@ class ShardDataset(IterableDataset):
         ``state``: a worker's ``state_dict`` (the same layout, continued in the same order), or a
         ``resume.rest_of_epoch`` (any layout: load it on every rank before making the loader).
         ``StatefulDataLoader.load_state_dict`` has it called in each worker."""
-        self._loaded = checked(state, self.fingerprint())
+        self._loaded = checked(state, self)
 
     def reporting(self, samples, skips):
         """Yield from ``samples``, then keep the epoch's ``skips`` in ``last_skips`` and warn when
