@@ -42,7 +42,7 @@ class Stream(IterableDataset):
     """The worked answer, with switches for the mistakes learners make."""
 
     update_after_yield = ignore_loaded = keep_history = keep_shards = no_reset = False
-    shard_start = skip_everywhere = never_update = count_batches = False
+    shard_start = skip_everywhere = never_update = count_batches = count_from_resume = False
 
     def __init__(self, shards):
         self.shards, self.shard, self.taken, self.seen = list(shards), 0, 0, []
@@ -53,7 +53,8 @@ class Stream(IterableDataset):
         for index in range(start, len(self.shards)):
             samples = shard_tuples(self.shards[index], ("__key__", "cls"), raise_now)
             first = skip if index == start or self.skip_everywhere else 0
-            for taken, sample in enumerate(islice(samples, first, None), first + 1):
+            counted = 1 if self.count_from_resume else first + 1
+            for taken, sample in enumerate(islice(samples, first, None), counted):
                 if not (self.update_after_yield or self.never_update):
                     self.shard, self.taken = index, taken
                 self.seen.append(sample[0])
@@ -114,6 +115,32 @@ def test_a_stream_whose_place_is_made_on_the_first_pass_passes(shards, capsys):
     assert capsys.readouterr().out.startswith("✓")
 
 
+def test_a_state_that_is_the_streams_own_dict_passes(long_shards, capsys):
+    class LivePlace(Stream):
+        """Right, but state_dict hands out the dict it keeps updating, and loads the one given:
+        a checkpoint file holds a copy, so the check must too."""
+
+        def __init__(self, shards):
+            super().__init__(shards)
+            self.place = {"shard": 0, "taken": 0}
+
+        shard = property(lambda self: self.place["shard"], lambda self, v: self.set("shard", v))
+        taken = property(lambda self: self.place["taken"], lambda self, v: self.set("taken", v))
+
+        def set(self, name, value):
+            if "place" in vars(self):
+                self.place[name] = value
+
+        def state_dict(self):
+            return self.place
+
+        def load_state_dict(self, state):
+            self.place = state
+
+    check_resumable_stream(LivePlace, long_shards)
+    assert "resumed exactly" in capsys.readouterr().out
+
+
 def test_the_answer_passes(shards, capsys):
     check_resumable_stream(Stream, shards)
     assert "resumed exactly" in capsys.readouterr().out
@@ -142,6 +169,7 @@ def test_each_mistake_is_named(shards, name, says):
     [
         ("shard_start", "went back 16 sample.*to the start of the shard it was in?"),
         ("count_batches", "went back 4 sample.*inside the shard it was in: .* samples handed out"),
+        ("count_from_resume", "1 batch after a resume from batch 1: .* went back 8 .* not from"),
     ],
 )
 def test_going_back_inside_a_shard_is_told_from_going_to_its_start(long_shards, name, says):

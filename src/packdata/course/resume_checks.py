@@ -4,6 +4,7 @@ Each check runs the learner's code for real (a ``StatefulDataLoader`` saved and 
 steps; torch's own ``DistributedSampler`` as the reference) and names the mistake it sees.
 """
 
+import copy
 import json
 from itertools import islice
 
@@ -26,8 +27,8 @@ def _keys(batches):
 
 
 def _resumed(stream_class, shards, cut):
-    """Keys read before a checkpoint taken after ``cut`` batches, the saved dataset state, and the
-    keys a fresh loader reads after loading that checkpoint."""
+    """Keys read before a checkpoint taken after ``cut`` batches, the loader state saved, and a
+    fresh loader that loaded it."""
     first = _loader(stream_class(shards))
     batches = iter(first)
     before = _keys(islice(batches, cut))
@@ -37,10 +38,15 @@ def _resumed(stream_class, shards, cut):
             "from a place another instance left behind (a module-level variable, say)? Keep the "
             "place in self, and go back to the first sample once an epoch ends."
         )
-    state = first.state_dict()
-    second = _loader(stream_class(shards))
-    second.load_state_dict(state)
-    return before, state.get("dataset_state"), _keys(second)
+    state = copy.deepcopy(first.state_dict())  # as a checkpoint file keeps it
+    return before, state, _restarted(stream_class, shards, state)
+
+
+def _restarted(stream_class, shards, state):
+    """A fresh loader over a new stream, resumed from a copy of the loader ``state``."""
+    loader = _loader(stream_class(shards))
+    loader.load_state_dict(copy.deepcopy(state))
+    return loader
 
 
 def _state_problem(state, n_samples, shards):
@@ -156,14 +162,16 @@ def check_resumable_stream(stream_class, shards):
         raise CheckFailed(f"one epoch gave {len(whole)} items but {len(set(whole))} keys")
     # latest first: there a restart that goes back to the start of its shard goes back furthest
     for cut in sorted({1, n_batches // 3, n_batches // 2, n_batches - 1} - {0}, reverse=True):
-        before, state, after = _resumed(stream_class, shards, cut)
+        before, state, resumed = _resumed(stream_class, shards, cut)
+        state = state.get("dataset_state")
         problem = (
             _state_problem(state, len(whole), shards)
             or _unmoved(state, _fresh_state(stream_class, shards), len(before))
-            or _cut_problem(before, after, whole, shards)
+            or _cut_problem(before, _keys(resumed), whole, shards)
         )
         if problem:
             raise CheckFailed(f"checkpoint after batch {cut} of {n_batches}: {problem}.")
+    _check_second_cut(stream_class, shards, whole)
     loader = _loader(stream_class(shards))
     epochs = [_keys(loader), _keys(loader)]
     if epochs[1] != whole:
@@ -173,9 +181,25 @@ def check_resumable_stream(stream_class, shards):
         )
     passed(
         f"resumed exactly after batches {sorted({1, n_batches // 3, n_batches // 2})} and "
-        f"{n_batches - 1} of {n_batches}: all {len(whole)} samples once, in the same order; "
+        f"{n_batches - 1} of {n_batches}, and 1 batch after a resume: all {len(whole)} samples "
+        "once, in the same order; "
         f"the state is {len(json.dumps(state))} characters of JSON."
     )
+
+
+def _check_second_cut(stream_class, shards, whole):
+    """A checkpoint taken one batch after a resume (from batch 1, inside the first shard when a
+    shard is longer than two batches) resumes exactly too."""
+    before, _, resumed = _resumed(stream_class, shards, 1)
+    middle = _keys(islice(iter(resumed), 1))
+    after = _keys(_restarted(stream_class, shards, copy.deepcopy(resumed.state_dict())))
+    problem = _cut_problem(before + middle, after, whole, shards)
+    if problem:
+        raise CheckFailed(
+            f"checkpoint 1 batch after a resume from batch 1: {problem}. A place saved after a "
+            "resume must still count from the first sample of its shard, not from where the "
+            "resumed run began"
+        )
 
 
 # --- DistributedSampler ---------------------------------------------------------------------------
