@@ -45,6 +45,7 @@ Packed and sharded
 Reading for training
 - ``datasets``    — map-style datasets over folders, ZIPs and indexed tars, local or over HTTP
 - ``resume``      — where a stream's worker is in its epoch, and the rest of an epoch after a kill
+- ``checkpoint``  — every rank's loader state in a job's checkpoint, and the restart from it
 - ``streaming``   — stream shards: exactly once per epoch across ranks and workers, shuffled twice
 - ``audit``       — what DataLoader workers really read, checked against the manifest
 - ``preemption``  — a training job killed for real and restarted from its checkpoint, audited

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from .atomic import written_atomically
-from .resume import loader_states, rest_of_epoch
+from .checkpoint import every_rank, resume_loader
 from .streaming import ShardDataset
 
 KEYS = ("__key__", "cls")
@@ -48,16 +48,13 @@ def keys_of(batch):
     return [str(key) for key in batch[0]]
 
 
-def _resumed_loader(data, loader, checkpoint, num_workers):
-    """Load ``checkpoint`` into ``loader`` (same workers) or ``data`` (the rest of its epoch);
-    return the epoch and step to go on from."""
+def _resumed_loader(data, loader, checkpoint):
+    """Resume ``loader`` over ``data`` from ``checkpoint`` (``checkpoint.resume_loader``), when
+    there is one; return the epoch and step to go on from."""
     if not checkpoint.exists():
         return 0, 0
     saved = torch.load(checkpoint, weights_only=False)
-    if saved["num_workers"] == num_workers:
-        loader.load_state_dict(saved["loader"])
-    else:
-        data.load_state_dict(rest_of_epoch(data, loader_states(saved["loader"])))
+    resume_loader(saved["loaders"], data, loader)
     return saved["epoch"], saved["step"]
 
 
@@ -72,7 +69,7 @@ def train(shards, folder, num_workers, every=3, epochs=1, pause=0.005, batch_siz
     data = job_dataset(shards, **stream)
     loader = StatefulDataLoader(data, batch_size=batch_size, num_workers=num_workers)
     checkpoint = folder / CHECKPOINT
-    start, step = _resumed_loader(data, loader, checkpoint, num_workers)
+    start, step = _resumed_loader(data, loader, checkpoint)
     with open(folder / f"log-{os.getpid()}.jsonl", "a") as log:
         log.write(json.dumps({"resumed from": [start, step]}) + "\n")
         for epoch in range(start, epochs):
@@ -82,9 +79,9 @@ def train(shards, folder, num_workers, every=3, epochs=1, pause=0.005, batch_siz
                 log.flush()
                 step += 1
                 if step % every == 0:
-                    state = {"epoch": epoch, "step": step, "num_workers": num_workers}
+                    state = {"epoch": epoch, "step": step, "loaders": every_rank(loader)}
                     with written_atomically(checkpoint) as file:
-                        torch.save({**state, "loader": loader.state_dict()}, file)
+                        torch.save(state, file)
                 time.sleep(pause)
             step = 0
 
