@@ -571,6 +571,12 @@ def test_a_killed_job_resumes_from_its_checkpoint_exactly_once(
 # --- properties: any kill points, any numbers of ranks and workers --------------------------------
 
 
+def test_a_job_that_fails_is_named_with_the_last_line_it_printed(tmp_path):
+    job = preemption.start([str(tmp_path / "missing.tar")], tmp_path, num_workers=0)
+    with pytest.raises(RuntimeError, match=r"before step 1 \(exit 1\); the last line .*missing"):
+        preemption.kill_after(job, tmp_path, steps=1, timeout=60)
+
+
 def interleaved(streams):
     """``(worker, item)`` from each of the workers' ``streams`` in turn, as a DataLoader takes
     them; an exhausted stream drops out."""

@@ -35,6 +35,7 @@ from .streaming import ShardDataset
 
 KEYS = ("__key__", "cls")
 CHECKPOINT = "checkpoint.pt"
+STDERR = "stderr.txt"  # every start's, appended
 
 
 def job_dataset(shards, buffer_size=16, seed=0):
@@ -98,7 +99,8 @@ def start(shards, folder, num_workers, **options):
         }
     )
     command = [sys.executable, "-m", "packdata.preemption", arguments]
-    return subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
+    with open(Path(folder) / STDERR, "ab") as stderr:  # what a failing job says, for the error
+        return subprocess.Popen(command, start_new_session=True, stderr=stderr)
 
 
 def logged(folder, pid):
@@ -114,7 +116,11 @@ def kill_after(job, folder, steps, timeout=120):
     deadline = time.monotonic() + timeout
     while len(logged(folder, job.pid)[0]) < steps:
         if job.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the job ended or stalled before step {steps} (exit {job.poll()})")
+            said = (Path(folder) / STDERR).read_text(errors="replace").strip().splitlines()
+            raise RuntimeError(
+                f"the job ended or stalled before step {steps} (exit {job.poll()}); the last line "
+                f"of its {Path(folder) / STDERR}: {said[-1] if said else '(none)'}"
+            )
         time.sleep(0.005)
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
