@@ -13,7 +13,8 @@ Two datasets, each for what it shows:
   them, every image decoded and cropped to 224×224 (``RandomResizedCrop``) so that batches stack,
   with 0, 1 and 2 DataLoader workers that stay across epochs, against the same decode and crop in
   two plain processes (the most two workers could reach); per-file against sharded reads through
-  the emulated network store at 2 ms a request, 4 workers;
+  the emulated network store at 2 ms a request, 4 workers, the raw bytes of each batch handed
+  over as one tensor (``bytebatch.collate_bytes``);
 - the shapes (``packdata.synthetic``: 64×64 pixels, about 2 KB each), where what a sample costs
   beyond its bytes is the point: the raw readers again, gzip shards, and the network store. Nothing
   is judged on them.
@@ -55,6 +56,7 @@ from torchvision.transforms import v2  # noqa: E402
 
 from packdata import disks, imagefolder, memberread, packing, photos, synthetic, system  # noqa: E402
 from packdata.bench import count_samples  # noqa: E402
+from packdata.bytebatch import collate_bytes  # noqa: E402
 from packdata.compare import in_turn  # noqa: E402
 from packdata.datasets import (  # noqa: E402
     EncodedObjects,
@@ -85,6 +87,7 @@ AT_OFFSETS = "members read at known offsets"
 FIRST = "ours, first epoch"
 ONE_CORE, TWO_PROCESSES = "decode and crop, one process", "decode and crop, two processes"
 PER_FILE, SHARDED, LOCAL = "per-file", "shards", "shards, local files (no store)"
+LISTS = "shards, each batch lists of bytes"  # the default collate: pickled through a pipe
 NETWORK_KEYS = (PER_FILE, SHARDED, LOCAL)
 
 
@@ -617,13 +620,16 @@ def measure_network(setup, results, repeats):
         urls = [store.url_for(Path(path).relative_to(data)) for path in setup.shards]
         per_file = EncodedObjects(f"{store.url}{setup.root.name}/", setup.manifest)
         sizes = [info.samples for info in setup.infos]
-        shards = ShardDataset(urls, decode=False, sizes=sizes, batch_size=BATCH)
+        batches = {"batch_size": BATCH, "collate": collate_bytes}
+        shards = ShardDataset(urls, decode=False, sizes=sizes, **batches)
         workers = {"num_workers": NETWORK_WORKERS, "persistent_workers": True}
-        local = ShardDataset(setup.shards, decode=False, sizes=sizes, batch_size=BATCH)
+        local = ShardDataset(setup.shards, decode=False, sizes=sizes, **batches)
+        listed = ShardDataset(urls, decode=False, sizes=sizes, batch_size=BATCH)
         loaders = {
-            PER_FILE: DataLoader(per_file, batch_size=BATCH, **workers),
+            PER_FILE: DataLoader(per_file, batch_size=BATCH, collate_fn=collate_bytes, **workers),
             SHARDED: DataLoader(shards, batch_size=None, **workers),
             LOCAL: DataLoader(local, batch_size=None, **workers),
+            LISTS: DataLoader(listed, batch_size=None, **workers),
         }
         runs = {name: partial(count_batches, loader) for name, loader in loaders.items()}
         results.measure_in_turn("network", runs, repeats.slow, warmup=True)
@@ -767,6 +773,7 @@ def reader_gap(photo_results):
 def network_bound(photo_results):
     """What the network target asks of the store, against what it delivers to sharded reads."""
     per_file, sharded, local, megabytes = network_rates(photo_results)
+    lists = photo_results.median(f"network/{LISTS}")
     target = next(at_least for what, _, _, at_least, *_ in TARGETS if what == network_what())
     floor = NETWORK_WORKERS / NETWORK_LATENCY
     return {
@@ -776,7 +783,9 @@ def network_bound(photo_results):
         "meaning": f"{target:g}× the per-file rate ({per_file:,.0f} photos/s) would need "
         f"{target * per_file * megabytes:,.0f} MB/s; the same loader on the local shard files, "
         f"no store at all, moves {local * megabytes:,.0f} MB/s (through the store, where a thread "
-        f"fetches the next shard ahead: {sharded / local:.0%} of that); and were per-file reads "
+        f"fetches the next shard ahead: {sharded / local:.0%} of that; with each batch's bytes "
+        f"handed over as a list of `bytes`, not one tensor, {lists * megabytes:,.0f} MB/s); and "
+        "were per-file reads "
         f"only waiting on their latency ({NETWORK_WORKERS} in flight at "
         f"{NETWORK_LATENCY * 1e3:g} ms: {floor:,.0f} photos/s), the ratio could not pass "
         f"{sharded / floor:.1f}× at this rate",
@@ -931,7 +940,8 @@ def per_sample_section(results, per_sample):
 
     shapes, photo = results["shapes"], results["photos"]
     network = [
-        f"{name}: {measured.microseconds(f'network/{SHARDED}'):,.1f} µs a sample from shards, "
+        f"{name}: {measured.microseconds(f'network/{SHARDED}'):,.1f} µs a sample from shards "
+        f"({measured.microseconds(f'network/{LISTS}'):,.1f} µs as lists of bytes), "
         f"{measured.microseconds(f'network/{PER_FILE}'):,.1f} µs per file "
         f"({measured.median(f'network/{SHARDED}') / measured.median(f'network/{PER_FILE}'):.1f}×)"
         for name, measured in (("shapes", shapes), ("photos", photo))
@@ -958,7 +968,9 @@ def per_sample_section(results, per_sample):
         ),
         "",
         f"Through the emulated network store at {NETWORK_LATENCY * 1e3:g} ms a request, "
-        f"{NETWORK_WORKERS} workers, raw bytes: " + "; ".join(network) + ". A per-file request "
+        f"{NETWORK_WORKERS} workers, raw bytes, each batch's one tensor (`collate_bytes`): "
+        + "; ".join(network)
+        + ". A per-file request "
         "costs its latency whatever the sample's size.",
     ]
 

@@ -37,6 +37,7 @@ def test_quick_benchmark_writes_report_and_judges_nothing(tmp_path):
     assert {"cold/our stream, 2 workers", "decoded/decode and crop, two processes"} <= set(photos)
     for rates in (photos, shapes):
         assert {"raw/ours", "raw/shard files read whole", "network/per-file"} <= set(rates)
+        assert f"network/{load_report().LISTS}" in rates  # the hand-over the tensor replaces
     assert "raw/ours, gzip shards" in shapes
     # a first epoch apart, every header walked, where shards are read member by member
     assert "raw/ours, first epoch" in photos and "raw/ours, first epoch" not in shapes

@@ -281,11 +281,12 @@ def different_size(shard, sample_key, shape, first):
     )
 
 
-def batched(items, batch_size):
-    """Collate every ``batch_size`` items into a batch; the last may be smaller."""
+def batched(items, batch_size, collate=default_collate):
+    """Collate every ``batch_size`` items into a batch with ``collate``; the last may be
+    smaller."""
     items = iter(items)
     while batch := list(islice(items, batch_size)):
-        yield default_collate(batch)
+        yield collate(batch)
 
 
 # --- counting, skipping, equalising ---------------------------------------------------------------
@@ -393,7 +394,9 @@ class ShardDataset(IterableDataset):
     - ``buffer_size``: the sample shuffle buffer per worker (0: none).
     - ``decode``/``transform``/``decoder``: decode images to tensors and labels to ints;
       ``decode=False`` yields bytes.
-    - ``batch_size``: collate batches inside the workers (then use ``DataLoader(batch_size=None)``).
+    - ``batch_size``: collate batches inside the workers (then use ``DataLoader(batch_size=None)``)
+      with ``collate`` (default ``default_collate``; ``bytebatch.collate_bytes`` hands undecoded
+      bytes over in shared memory).
     - ``errors="skip"``: leave out unreadable shards and bad samples, and warn with their count at
       the end of each worker's epoch (also kept in ``last_skips`` when iterating in this process);
       default ``"raise"``.
@@ -431,6 +434,7 @@ class ShardDataset(IterableDataset):
         transform=None,
         decoder="pil",
         batch_size=None,
+        collate=default_collate,
         errors="raise",
         equalize=False,
         sizes=None,
@@ -457,6 +461,11 @@ class ShardDataset(IterableDataset):
                 f"transform applies to a decoded image, and keys={tuple(keys)} with "
                 f"decode={decode} "
                 f"yields none: name an image key ({', '.join(IMAGE_FIELDS)}) and keep decode=True"
+            )
+        if collate is not default_collate and not batch_size:
+            raise ValueError(
+                "collate= collates the batches that batch_size= makes in the workers: give "
+                "batch_size too, or pass collate_fn= to the DataLoader instead"
             )
         if errors not in ERROR_MODES:
             raise ValueError(f"errors must be one of {ERROR_MODES}, got {errors!r}")
@@ -486,6 +495,7 @@ class ShardDataset(IterableDataset):
             decoder,
             batch_size,
         )
+        self.collate = collate
         self.errors, self.equalize, self.splitter, self.buffer = errors, equalize, splitter, buffer
         self.cache, self.read_ahead = cache, read_ahead
         self._sizes = None if sizes is None else dict(zip(self.shards, sizes))
@@ -612,7 +622,7 @@ class ShardDataset(IterableDataset):
             sized = progress if self.batch_size else None
             samples = decode(samples, self.keys, self.transform, self.decoder, report, sized)
         if self.batch_size:
-            samples = batched(samples, self.batch_size)
+            samples = batched(samples, self.batch_size, self.collate)
         return samples if report is raise_now else self.reporting(samples, report)
 
     def _read_again(self):

@@ -1,0 +1,69 @@
+"""A batch of encoded samples as one tensor, so that it leaves a DataLoader worker in shared
+memory instead of pickled through a pipe.
+
+    dataset = ShardDataset(urls, decode=False, batch_size=256, collate=collate_bytes)
+    for jpegs, labels in DataLoader(dataset, batch_size=None, num_workers=4):
+        jpegs[0]                                  # the first sample's bytes
+        torchvision.io.decode_jpeg(jpegs.tensors(), device="cuda")   # decoded on the GPU
+
+A worker hands the main process each ``bytes`` object of a batch by pickling it through a pipe:
+every byte is copied into the pipe and out again, in both processes. A tensor goes by shared
+memory: the worker writes it once and the main process maps it (``make bench`` measures both,
+through the network store). Decoding in the workers needs none of this; it is for raw bytes that
+the main process or a GPU decodes.
+"""
+
+from itertools import accumulate
+
+import torch
+from torch.utils.data import default_collate, get_worker_info
+
+
+class ByteBatch:
+    """Byte strings kept one after another in ``data`` (uint8), item ``i`` ending at
+    ``ends[i]`` (a list: a second tensor would cost a second shared-memory segment a batch)."""
+
+    def __init__(self, data, ends):
+        self.data, self.ends = data, ends
+
+    @classmethod
+    def of(cls, items):
+        """The items (``bytes``-like) copied into one tensor: in shared memory when this is a
+        DataLoader worker, the one copy the batch needs to reach the main process."""
+        ends = list(accumulate(map(len, items)))
+        data = torch.empty(ends[-1] if ends else 0, dtype=torch.uint8)
+        if get_worker_info() is not None:
+            data.share_memory_()  # before it is filled: sending it then copies nothing
+        view, start = memoryview(data.numpy()), 0
+        for item, end in zip(items, ends):
+            view[start:end] = item
+            start = end
+        return cls(data, ends)
+
+    def __len__(self):
+        return len(self.ends)
+
+    def __getitem__(self, index):
+        """Item ``index``'s bytes (a copy)."""
+        start = self.ends[index - 1] if index % len(self) else 0
+        return self.data[start : self.ends[index]].numpy().tobytes()
+
+    def __iter__(self):
+        return (self[index] for index in range(len(self)))
+
+    def tensors(self):
+        """Every item as a uint8 tensor viewing ``data`` (no copy), as ``decode_jpeg`` takes
+        them."""
+        return list(torch.tensor_split(self.data, self.ends[:-1]))
+
+    def pin_memory(self):
+        """The batch in pinned memory (``DataLoader(pin_memory=True)`` calls this)."""
+        return ByteBatch(self.data.pin_memory(), self.ends)
+
+
+def collate_bytes(samples):
+    """``default_collate`` of tuples, except that a field of ``bytes`` becomes one ``ByteBatch``."""
+    return [
+        ByteBatch.of(field) if isinstance(field[0], bytes) else default_collate(field)
+        for field in zip(*samples)
+    ]

@@ -1,0 +1,71 @@
+"""Undecoded samples batched as one tensor: the same bytes as the lists they replace, every sample
+once through real worker processes, and the tensor handed over in shared memory."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchvision.io import decode_jpeg
+
+from packdata.bytebatch import ByteBatch, collate_bytes
+from packdata.images import decode_image
+from packdata.shardwrite import write_shards
+from packdata.streaming import ShardDataset
+
+ITEMS = [b"first", b"", b"\x00\xff" * 3, b"last item"]
+
+
+def test_a_byte_batch_gives_back_each_item():
+    batch = ByteBatch.of(ITEMS)
+    assert len(batch) == len(ITEMS) and list(batch) == ITEMS
+    assert [batch[index] for index in range(-len(ITEMS), 0)] == ITEMS
+    assert [bytes(tensor.numpy()) for tensor in batch.tensors()] == ITEMS
+    with pytest.raises(IndexError):
+        batch[len(ITEMS)]
+
+
+def test_collate_bytes_keeps_other_fields_as_default_collate_does():
+    jpegs, labels = collate_bytes([(item, index) for index, item in enumerate(ITEMS)])
+    assert list(jpegs) == ITEMS and labels.tolist() == list(range(len(ITEMS)))
+
+
+@pytest.fixture(scope="module")
+def shards(tiny_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    return [str(info.path) for info in write_shards(tiny_dataset, out, maxcount=9, progress=False)]
+
+
+def test_workers_hand_every_sample_once_in_shared_memory(shards):
+    keys = ("__key__", "jpg")
+    plain = ShardDataset(shards, keys=keys, decode=False, shuffle=False)
+    expected = dict(iter(plain))
+    packed = ShardDataset(
+        shards, keys=keys, decode=False, shuffle=False, batch_size=8, collate=collate_bytes
+    )
+    seen = {}
+    for names, jpegs in DataLoader(packed, batch_size=None, num_workers=2):
+        assert jpegs.data.is_shared(), "the batch should arrive in shared memory"
+        for name, jpeg in zip(names, jpegs):
+            assert name not in seen, f"{name} came twice"
+            seen[name] = jpeg
+    assert seen == expected
+
+
+def test_decode_jpeg_takes_the_batch_as_it_comes(shards):
+    dataset = ShardDataset(shards, decode=False, batch_size=4, collate=collate_bytes)
+    jpegs, _ = next(iter(dataset))
+    decoded = decode_jpeg(jpegs.tensors())  # device="cuda" decodes on a GPU
+    assert all(
+        torch.equal(image, decode_image(jpeg, decoder="torchvision"))
+        for image, jpeg in zip(decoded, jpegs)
+    )
+
+
+def test_collate_without_batch_size_is_refused(shards):
+    with pytest.raises(ValueError, match="give batch_size too"):
+        ShardDataset(shards, decode=False, collate=collate_bytes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_pinning_keeps_the_items():
+    batch = ByteBatch.of(ITEMS).pin_memory()
+    assert batch.data.is_pinned() and list(batch) == ITEMS
