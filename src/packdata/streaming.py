@@ -19,10 +19,12 @@ worker has open.
     loader = DataLoader(dataset, batch_size=64, num_workers=2)
 """
 
+import hashlib
 import operator
 import os
 import random
 import warnings
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from itertools import chain, islice
 
@@ -242,12 +244,13 @@ def shuffle_buffer(samples, size, rng):
     yield from buffer
 
 
-def decode(items, keys, transform, decoder, report, sized=None):
+def decode(items, keys, transform, decoder, report, sized=None, seeds=None):
     """Decode each tuple field by its key (``fields.decode_field``); ``transform`` applies to the
     image field. Items arrive as ``(shard, sample key, *fields)`` and leave as the decoded fields,
     so that a sample that cannot be decoded is named. With ``sized`` (a ``resume.Progress``, when
     batching here), an image of another shape than the first (``sized.size``, kept across a
-    resume) is reported, naming both samples."""
+    resume) is reported, naming both samples. With ``seeds`` (``(seed, epoch)``), each sample's
+    transform runs ``seeded_by`` its key."""
     image_key = image_field(keys)
     image = keys.index(image_key) if image_key is not None else None
     kinds = [(key, index == image) for index, key in enumerate(keys)]
@@ -262,7 +265,8 @@ def decode(items, keys, transform, decoder, report, sized=None):
             report(ShardError(f"{shard}: cannot decode sample {sample_key!r}: {error}"))
             continue
         if transform is not None:
-            fields[image] = transform(fields[image])
+            with seeded_by(*seeds, sample_key) if seeds else nullcontext():
+                fields[image] = transform(fields[image])
         if sized is not None and image is not None:
             shape = tuple(fields[image].shape)
             sized.size = sized.size or (shape, sample_key)
@@ -270,6 +274,21 @@ def decode(items, keys, transform, decoder, report, sized=None):
                 report(ShardError(different_size(shard, sample_key, shape, sized.size)))
                 continue
         yield tuple(fields)
+
+
+@contextmanager
+def seeded_by(seed, epoch, sample_key):
+    """Run the block with torch's CPU generator seeded from ``(seed, epoch, sample_key)``, then
+    give the generator back its state: a sample's random transform (torchvision's draw from that
+    generator) comes out the same in an epoch whichever worker reads it, and after a resume."""
+    generator = torch.default_generator
+    state = generator.get_state()
+    text = f"transform:{seed}:{epoch}:{sample_key}".encode()
+    generator.manual_seed(int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little"))
+    try:
+        yield
+    finally:
+        generator.set_state(state)
 
 
 def different_size(shard, sample_key, shape, first):
@@ -393,7 +412,10 @@ class ShardDataset(IterableDataset):
       keeps it).
     - ``buffer_size``: the sample shuffle buffer per worker (0: none).
     - ``decode``/``transform``/``decoder``: decode images to tensors and labels to ints;
-      ``decode=False`` yields bytes.
+      ``decode=False`` yields bytes. ``seeded_transform=True`` seeds torch's generator for each
+      sample's ``transform`` from ``(seed, epoch, sample key)``: its random augmentation is then
+      the same after a resume (on any layout) as without one. Else workers draw from the seeds
+      the DataLoader gives them, which a resumed loader does not repeat.
     - ``batch_size``: collate batches inside the workers (then use ``DataLoader(batch_size=None)``)
       with ``collate`` (default ``default_collate``; ``bytebatch.collate_bytes`` hands undecoded
       bytes over in shared memory).
@@ -432,6 +454,7 @@ class ShardDataset(IterableDataset):
         keys=("jpg", "cls"),
         decode=True,
         transform=None,
+        seeded_transform=False,
         decoder="pil",
         batch_size=None,
         collate=default_collate,
@@ -462,6 +485,8 @@ class ShardDataset(IterableDataset):
                 f"decode={decode} "
                 f"yields none: name an image key ({', '.join(IMAGE_FIELDS)}) and keep decode=True"
             )
+        if seeded_transform and transform is None:
+            raise ValueError("seeded_transform=True seeds a transform: pass transform= too")
         if collate is not default_collate and not batch_size:
             raise ValueError(
                 "collate= collates the batches that batch_size= makes in the workers: give "
@@ -495,7 +520,7 @@ class ShardDataset(IterableDataset):
             decoder,
             batch_size,
         )
-        self.collate = collate
+        self.collate, self.seeded_transform = collate, seeded_transform
         self.errors, self.equalize, self.splitter, self.buffer = errors, equalize, splitter, buffer
         self.cache, self.read_ahead = cache, read_ahead
         self._sizes = None if sizes is None else dict(zip(self.shards, sizes))
@@ -620,7 +645,8 @@ class ShardDataset(IterableDataset):
             samples = closing(samples, reads)
         if self.decode:
             sized = progress if self.batch_size else None
-            samples = decode(samples, self.keys, self.transform, self.decoder, report, sized)
+            seeds = (self.seed, progress.epoch) if self.seeded_transform else None
+            samples = decode(samples, self.keys, self.transform, self.decoder, report, sized, seeds)
         if self.batch_size:
             samples = batched(samples, self.batch_size, self.collate)
         return samples if report is raise_now else self.reporting(samples, report)
