@@ -56,7 +56,7 @@ from torchvision.transforms import v2  # noqa: E402
 
 from packdata import disks, imagefolder, memberread, packing, photos, synthetic, system  # noqa: E402
 from packdata.bench import count_samples  # noqa: E402
-from packdata.bytebatch import collate_bytes  # noqa: E402
+from packdata.bytebatch import WholeFiles, collate_bytes  # noqa: E402
 from packdata.compare import in_turn  # noqa: E402
 from packdata.datasets import (  # noqa: E402
     EncodedObjects,
@@ -88,7 +88,8 @@ FIRST = "ours, first epoch"
 ONE_CORE, TWO_PROCESSES = "decode and crop, one process", "decode and crop, two processes"
 PER_FILE, SHARDED, LOCAL = "per-file", "shards", "shards, local files (no store)"
 LISTS = "shards, each batch lists of bytes"  # the default collate: pickled through a pipe
-NETWORK_KEYS = (PER_FILE, SHARDED, LOCAL)
+HANDED = "whole shard files, shared memory, nothing parsed"  # what workers can hand over
+NETWORK_KEYS = (PER_FILE, SHARDED, LOCAL, HANDED)
 
 
 def decoded_key(batch=BATCH, handover=HANDOVER):
@@ -112,20 +113,21 @@ def ratio_bound(top, bottom, name):
 
 
 def network_rates(photo_results):
-    """``(per-file, sharded, local)`` photos/s of the network phase, and MB per photo."""
+    """``(per-file, sharded, local, handed)`` photos/s of the network phase, and MB per photo."""
     rates = (photo_results.median(f"network/{k}") for k in NETWORK_KEYS)
     return *rates, photo_results.sample_bytes / 1e6
 
 
 def network_reach(photo_results, target, spec):
     """The network target's bound: the MB/s ``target`` times the per-file rate needs, against the
-    most the loader moves in the run (through the store, or from the local shard files), as a
-    ratio to per-file."""
-    per_file, sharded, local, megabytes = network_rates(photo_results)
-    return max(sharded, local) / per_file, (
-        f"{spec.format(target)} needs {target * per_file * megabytes:,.0f} MB/s, and the loader "
-        f"moves {sharded * megabytes:,.0f} MB/s through the store, {local * megabytes:,.0f} MB/s "
-        "from the local shard files"
+    most the same workers move in the run (the shard files read whole into shared memory, or the
+    loader through the store or from the local files), as a ratio to per-file."""
+    per_file, sharded, local, handed, megabytes = network_rates(photo_results)
+    return max(sharded, local, handed) / per_file, (
+        f"{spec.format(target)} needs {target * per_file * megabytes:,.0f} MB/s, and the same "
+        f"{NETWORK_WORKERS} workers hand over {handed * megabytes:,.0f} MB/s of the shard files "
+        f"read whole, nothing parsed (the loader: {sharded * megabytes:,.0f} MB/s through the "
+        f"store, {local * megabytes:,.0f} MB/s from the local files)"
     )
 
 
@@ -245,6 +247,11 @@ class Results:
 # --- what the measurements run --------------------------------------------------------------------
 
 TRANSFORM = v2.RandomResizedCrop(CROP, antialias=True)  # what a training job does to each image
+
+
+def count_whole(loader):
+    """Samples in every file of one pass over a loader of ``WholeFiles``."""
+    return sum(count for _, count in loader)
 
 
 def count_batches(loader):
@@ -609,7 +616,8 @@ def measure_loaders(setup, results, repeats):
 def measure_network(setup, results, repeats):
     """One GET per file against one GET per shard through the emulated store, raw bytes, workers
     that stay, in turn after an untimed epoch; and the same shards read from the local files by the
-    same loader, the most the store could deliver to it."""
+    same loader, the most the store could deliver to it; with lists of bytes for batches; and the
+    shard files read whole into shared memory by as many workers, the most they hand over."""
     print(
         f"\n{setup.name}: through the emulated network store, {NETWORK_LATENCY * 1e3:g} ms per "
         f"request, {NETWORK_WORKERS} workers"
@@ -632,6 +640,8 @@ def measure_network(setup, results, repeats):
             LISTS: DataLoader(listed, batch_size=None, **workers),
         }
         runs = {name: partial(count_batches, loader) for name, loader in loaders.items()}
+        whole = DataLoader(WholeFiles(setup.shards, sizes), batch_size=None, **workers)
+        runs[HANDED] = partial(count_whole, whole)
         results.measure_in_turn("network", runs, repeats.slow, warmup=True)
 
 
@@ -772,7 +782,7 @@ def reader_gap(photo_results):
 
 def network_bound(photo_results):
     """What the network target asks of the store, against what it delivers to sharded reads."""
-    per_file, sharded, local, megabytes = network_rates(photo_results)
+    per_file, sharded, local, _, megabytes = network_rates(photo_results)
     lists = photo_results.median(f"network/{LISTS}")
     target = next(at_least for what, _, _, at_least, *_ in TARGETS if what == network_what())
     floor = NETWORK_WORKERS / NETWORK_LATENCY

@@ -71,14 +71,19 @@ def test_a_miss_is_out_of_reach_only_when_the_bound_holds_the_measurement():
 def test_the_network_target_is_bounded_by_the_megabytes_the_loader_moves():
     report = load_report()
     results = report.Results(samples=1000, sample_bytes=100_000)  # 0.1 MB a sample
-    per_file, sharded, local = (f"network/{name}" for name in (report.PER_FILE, report.SHARDED,
-                                                               report.LOCAL))  # fmt: skip
-    results.rates = {per_file: [1000, 1000], sharded: [4600, 4600], local: [4000, 4000]}
+    per_file, sharded, local, handed = (f"network/{name}" for name in report.NETWORK_KEYS)
+    results.rates = {
+        per_file: [1000, 1000],
+        sharded: [4600, 4600],
+        local: [4000, 4000],
+        handed: [9000, 9000],
+    }
     bound, reason = report.network_reach(results, 20.0, "{:.1f}×")
-    assert bound == 4600 / 1000  # the most the loader moved, over per-file: here the store
+    assert bound == 9000 / 1000  # the most the workers moved, over per-file: the whole files
     assert reason == (
-        "20.0× needs 2,000 MB/s, and the loader moves 460 MB/s through the store, 400 MB/s from "
-        "the local shard files"
+        "20.0× needs 2,000 MB/s, and the same 4 workers hand over 900 MB/s of the shard files "
+        "read whole, nothing parsed (the loader: 460 MB/s through the store, 400 MB/s from the "
+        "local files)"
     )
     missed = {"met": False, "target": 20.0, "value": 4600 / 1000, "bound": bound}
     assert (

@@ -1,12 +1,15 @@
 """Undecoded samples batched as one tensor: the same bytes as the lists they replace, every sample
-once through real worker processes, and the tensor handed over in shared memory."""
+once through real worker processes, and the tensor handed over in shared memory; whole files the
+same way."""
+
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 from torchvision.io import decode_jpeg
 
-from packdata.bytebatch import ByteBatch, collate_bytes
+from packdata.bytebatch import ByteBatch, WholeFiles, collate_bytes
 from packdata.images import decode_image
 from packdata.shardwrite import write_shards
 from packdata.streaming import ShardDataset
@@ -58,6 +61,14 @@ def test_decode_jpeg_takes_the_batch_as_it_comes(shards):
         torch.equal(image, decode_image(jpeg, decoder="torchvision"))
         for image, jpeg in zip(decoded, jpegs)
     )
+
+
+def test_whole_files_come_once_each_with_their_count(shards):
+    loader = DataLoader(WholeFiles(shards, range(len(shards))), batch_size=None, num_workers=2)
+    got = {count: data for data, count in loader}
+    assert sorted(got) == list(range(len(shards)))
+    for count, data in got.items():
+        assert data.is_shared() and data.numpy().tobytes() == Path(shards[count]).read_bytes()
 
 
 def test_collate_without_batch_size_is_refused(shards):

@@ -10,13 +10,22 @@ A worker hands the main process each ``bytes`` object of a batch by pickling it 
 every byte is copied into the pipe and out again, in both processes. A tensor goes by shared
 memory: the worker writes it once and the main process maps it (``make bench`` measures both,
 through the network store). Decoding in the workers needs none of this; it is for raw bytes that
-the main process or a GPU decodes.
+the main process or a GPU decodes. ``WholeFiles`` is the most any of it could reach: files read
+whole into shared memory, nothing parsed.
 """
 
+import os
 from itertools import accumulate
 
 import torch
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+
+
+def shared_bytes(size):
+    """An empty uint8 tensor of ``size`` bytes, in shared memory when this is a DataLoader worker:
+    made shared before it is filled, sending it to the main process then copies nothing."""
+    data = torch.empty(size, dtype=torch.uint8)
+    return data.share_memory_() if get_worker_info() is not None else data
 
 
 class ByteBatch:
@@ -31,9 +40,7 @@ class ByteBatch:
         """The items (``bytes``-like) copied into one tensor: in shared memory when this is a
         DataLoader worker, the one copy the batch needs to reach the main process."""
         ends = list(accumulate(map(len, items)))
-        data = torch.empty(ends[-1] if ends else 0, dtype=torch.uint8)
-        if get_worker_info() is not None:
-            data.share_memory_()  # before it is filled: sending it then copies nothing
+        data = shared_bytes(ends[-1] if ends else 0)
         view, start = memoryview(data.numpy()), 0
         for item, end in zip(items, ends):
             view[start:end] = item
@@ -67,3 +74,26 @@ def collate_bytes(samples):
         ByteBatch.of(field) if isinstance(field[0], bytes) else default_collate(field)
         for field in zip(*samples)
     ]
+
+
+class WholeFiles(IterableDataset):
+    """``(bytes of a file, its count)`` for each of ``paths`` (``counts``: a number each, say its
+    samples), every ``num_workers``-th to each worker, each file read whole into shared memory:
+    one copy from the page cache and nothing parsed, the most a DataLoader's workers can hand
+    over from these files on this machine."""
+
+    def __init__(self, paths, counts):
+        self.files = list(zip(paths, counts))
+
+    def __iter__(self):
+        worker = get_worker_info()
+        mine = self.files[worker.id :: worker.num_workers] if worker else self.files
+        for path, count in mine:
+            with open(path, "rb", buffering=0) as file:
+                data = shared_bytes(os.fstat(file.fileno()).st_size)
+                view, done = memoryview(data.numpy()), 0
+                while done < len(view) and (got := file.readinto(view[done:])):
+                    done += got
+            if done != len(view):
+                raise OSError(f"{path}: {len(view):,} bytes expected, {done:,} read")
+            yield data, count
