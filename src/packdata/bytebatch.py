@@ -10,8 +10,10 @@ A worker hands the main process each ``bytes`` object of a batch by pickling it 
 every byte is copied into the pipe and out again, in both processes. A tensor goes by shared
 memory: the worker writes it once and the main process maps it (``make bench`` measures both,
 through the network store). Decoding in the workers needs none of this; it is for raw bytes that
-the main process or a GPU decodes. ``WholeFiles`` is the most any of it could reach: files read
-whole into shared memory, nothing parsed.
+the main process or a GPU decodes. It pays for batches of megabytes; for samples of a few KB
+(``make bench``'s shapes), a shared-memory segment a batch costs more than pickling the bytes.
+``WholeFiles`` is the most any of it could reach: files read whole into shared memory, nothing
+parsed.
 """
 
 import os
