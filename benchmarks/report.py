@@ -628,7 +628,7 @@ def measure_network(setup, results, repeats):
         urls = [store.url_for(Path(path).relative_to(data)) for path in setup.shards]
         per_file = EncodedObjects(f"{store.url}{setup.root.name}/", setup.manifest)
         sizes = [info.samples for info in setup.infos]
-        batches = {"batch_size": BATCH, "collate": collate_bytes}
+        batches = {"batch_size": BATCH, "collate_fn": collate_bytes}
         shards = ShardDataset(urls, decode=False, sizes=sizes, **batches)
         workers = {"num_workers": NETWORK_WORKERS, "persistent_workers": True}
         local = ShardDataset(setup.shards, decode=False, sizes=sizes, **batches)

@@ -4,6 +4,7 @@ same way."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -24,11 +25,22 @@ def test_a_byte_batch_gives_back_each_item():
     assert [bytes(tensor.numpy()) for tensor in batch.tensors()] == ITEMS
     with pytest.raises(IndexError):
         batch[len(ITEMS)]
+    with pytest.raises(IndexError):
+        ByteBatch.of([])[0]
+    assert ByteBatch.of([]).tensors() == []
+    assert list(ByteBatch.of([bytearray(b"ab"), memoryview(np.arange(2, dtype=np.int16))])) == [
+        b"ab",
+        np.arange(2, dtype=np.int16).tobytes(),
+    ]
 
 
 def test_collate_bytes_keeps_other_fields_as_default_collate_does():
     jpegs, labels = collate_bytes([(item, index) for index, item in enumerate(ITEMS)])
     assert list(jpegs) == ITEMS and labels.tolist() == list(range(len(ITEMS)))
+    named = collate_bytes([{"jpg": item, "cls": index} for index, item in enumerate(ITEMS)])
+    assert list(named["jpg"]) == ITEMS and named["cls"].tolist() == list(range(len(ITEMS)))
+    with pytest.raises(TypeError, match="not bytes"):
+        collate_bytes(ITEMS)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +54,7 @@ def test_workers_hand_every_sample_once_in_shared_memory(shards):
     plain = ShardDataset(shards, keys=keys, decode=False, shuffle=False)
     expected = dict(iter(plain))
     packed = ShardDataset(
-        shards, keys=keys, decode=False, shuffle=False, batch_size=8, collate=collate_bytes
+        shards, keys=keys, decode=False, shuffle=False, batch_size=8, collate_fn=collate_bytes
     )
     seen = {}
     for names, jpegs in DataLoader(packed, batch_size=None, num_workers=2):
@@ -54,7 +66,7 @@ def test_workers_hand_every_sample_once_in_shared_memory(shards):
 
 
 def test_decode_jpeg_takes_the_batch_as_it_comes(shards):
-    dataset = ShardDataset(shards, decode=False, batch_size=4, collate=collate_bytes)
+    dataset = ShardDataset(shards, decode=False, batch_size=4, collate_fn=collate_bytes)
     jpegs, _ = next(iter(dataset))
     decoded = decode_jpeg(jpegs.tensors())  # device="cuda" decodes on a GPU
     assert all(
@@ -73,7 +85,7 @@ def test_whole_files_come_once_each_with_their_count(shards):
 
 def test_collate_without_batch_size_is_refused(shards):
     with pytest.raises(ValueError, match="give batch_size too"):
-        ShardDataset(shards, decode=False, collate=collate_bytes)
+        ShardDataset(shards, decode=False, collate_fn=collate_bytes)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")

@@ -46,6 +46,7 @@ Reading for training
 - ``datasets``    — map-style datasets over folders, ZIPs and indexed tars, local or over HTTP
 - ``resume``      — where a stream's worker is in its epoch, and the rest of an epoch after a kill
 - ``checkpoint``  — every rank's loader state in a job's checkpoint, and the restart from it
+- ``sampleseed``  — random augmentations that survive a resume: each sample's transform seeded by it
 - ``bytebatch``   — undecoded samples batched as one tensor, to leave a worker in shared memory
 - ``streaming``   — stream shards: exactly once per epoch across ranks and workers, shuffled twice
 - ``audit``       — what DataLoader workers really read, checked against the manifest

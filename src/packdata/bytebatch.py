@@ -1,10 +1,11 @@
 """A batch of encoded samples as one tensor, so that it leaves a DataLoader worker in shared
 memory instead of pickled through a pipe.
 
-    dataset = ShardDataset(urls, decode=False, batch_size=256, collate=collate_bytes)
+    dataset = ShardDataset(urls, decode=False, batch_size=256, collate_fn=collate_bytes)
     for jpegs, labels in DataLoader(dataset, batch_size=None, num_workers=4):
         jpegs[0]                                  # the first sample's bytes
         torchvision.io.decode_jpeg(jpegs.tensors(), device="cuda")   # decoded on the GPU
+        int(labels[0])                            # undecoded too: b"7"
 
 A worker hands the main process each ``bytes`` object of a batch by pickling it through a pipe:
 every byte is copied into the pipe and out again, in both processes. A tensor goes by shared
@@ -41,6 +42,7 @@ class ByteBatch:
     def of(cls, items):
         """The items (``bytes``-like) copied into one tensor: in shared memory when this is a
         DataLoader worker, the one copy the batch needs to reach the main process."""
+        items = [memoryview(item).cast("B") for item in items]  # lengths in bytes
         ends = list(accumulate(map(len, items)))
         data = shared_bytes(ends[-1] if ends else 0)
         view, start = memoryview(data.numpy()), 0
@@ -54,7 +56,8 @@ class ByteBatch:
 
     def __getitem__(self, index):
         """Item ``index``'s bytes (a copy)."""
-        start = self.ends[index - 1] if index % len(self) else 0
+        index = range(len(self))[index]  # negative ones counted from the end; IndexError
+        start = self.ends[index - 1] if index else 0
         return self.data[start : self.ends[index]].numpy().tobytes()
 
     def __iter__(self):
@@ -63,19 +66,33 @@ class ByteBatch:
     def tensors(self):
         """Every item as a uint8 tensor viewing ``data`` (no copy), as ``decode_jpeg`` takes
         them."""
-        return list(torch.tensor_split(self.data, self.ends[:-1]))
+        return list(torch.tensor_split(self.data, self.ends[:-1])) if self.ends else []
 
     def pin_memory(self):
         """The batch in pinned memory (``DataLoader(pin_memory=True)`` calls this)."""
         return ByteBatch(self.data.pin_memory(), self.ends)
 
 
+BYTES = (bytes, bytearray, memoryview)
+
+
 def collate_bytes(samples):
-    """``default_collate`` of tuples, except that a field of ``bytes`` becomes one ``ByteBatch``."""
-    return [
-        ByteBatch.of(field) if isinstance(field[0], bytes) else default_collate(field)
-        for field in zip(*samples)
-    ]
+    """``default_collate`` of tuples or dicts, except that a field of ``bytes`` (or
+    ``bytearray``, ``memoryview``) becomes one ``ByteBatch``."""
+    first = samples[0]
+    if isinstance(first, dict):
+        return {key: collated([sample[key] for sample in samples]) for key in first}
+    if not isinstance(first, (tuple, list)):
+        raise TypeError(
+            f"collate_bytes collates samples of several fields (tuples, lists or dicts), not "
+            f"{type(first).__name__}: for a bare bytes sample use ByteBatch.of(samples)"
+        )
+    return [collated(field) for field in zip(*samples)]
+
+
+def collated(values):
+    """One field of a batch: a ``ByteBatch`` of bytes-like values, else ``default_collate``."""
+    return ByteBatch.of(values) if isinstance(values[0], BYTES) else default_collate(values)
 
 
 class WholeFiles(IterableDataset):

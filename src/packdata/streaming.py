@@ -19,12 +19,11 @@ worker has open.
     loader = DataLoader(dataset, batch_size=64, num_workers=2)
 """
 
-import hashlib
 import operator
 import os
 import random
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from functools import partial
 from itertools import chain, islice
 
@@ -58,6 +57,7 @@ from .resume import (
     progress_from,
     starting,
 )
+from .sampleseed import seeded_by
 from .shardread import count_shard_samples, read_shard
 from .tario import TarFormatError
 from .tarscan import scan_readable
@@ -250,7 +250,7 @@ def decode(items, keys, transform, decoder, report, sized=None, seeds=None):
     so that a sample that cannot be decoded is named. With ``sized`` (a ``resume.Progress``, when
     batching here), an image of another shape than the first (``sized.size``, kept across a
     resume) is reported, naming both samples. With ``seeds`` (``(seed, epoch)``), each sample's
-    transform runs ``seeded_by`` its key."""
+    transform runs ``sampleseed.seeded_by`` its shard and key."""
     image_key = image_field(keys)
     image = keys.index(image_key) if image_key is not None else None
     kinds = [(key, index == image) for index, key in enumerate(keys)]
@@ -265,7 +265,7 @@ def decode(items, keys, transform, decoder, report, sized=None, seeds=None):
             report(ShardError(f"{shard}: cannot decode sample {sample_key!r}: {error}"))
             continue
         if transform is not None:
-            with seeded_by(*seeds, sample_key) if seeds else nullcontext():
+            with seeded_by(*seeds, shard, sample_key) if seeds else nullcontext():
                 fields[image] = transform(fields[image])
         if sized is not None and image is not None:
             shape = tuple(fields[image].shape)
@@ -274,21 +274,6 @@ def decode(items, keys, transform, decoder, report, sized=None, seeds=None):
                 report(ShardError(different_size(shard, sample_key, shape, sized.size)))
                 continue
         yield tuple(fields)
-
-
-@contextmanager
-def seeded_by(seed, epoch, sample_key):
-    """Run the block with torch's CPU generator seeded from ``(seed, epoch, sample_key)``, then
-    give the generator back its state: a sample's random transform (torchvision's draw from that
-    generator) comes out the same in an epoch whichever worker reads it, and after a resume."""
-    generator = torch.default_generator
-    state = generator.get_state()
-    text = f"transform:{seed}:{epoch}:{sample_key}".encode()
-    generator.manual_seed(int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little"))
-    try:
-        yield
-    finally:
-        generator.set_state(state)
 
 
 def different_size(shard, sample_key, shape, first):
@@ -412,13 +397,14 @@ class ShardDataset(IterableDataset):
       keeps it).
     - ``buffer_size``: the sample shuffle buffer per worker (0: none).
     - ``decode``/``transform``/``decoder``: decode images to tensors and labels to ints;
-      ``decode=False`` yields bytes. ``seeded_transform=True`` seeds torch's generator for each
-      sample's ``transform`` from ``(seed, epoch, sample key)``: its random augmentation is then
-      the same after a resume (on any layout) as without one. Else workers draw from the seeds
-      the DataLoader gives them, which a resumed loader does not repeat.
+      ``decode=False`` yields bytes. ``seeded_transform=True`` seeds torch's and Python's
+      global generators (not numpy's) for each sample's ``transform`` from the seed, the epoch,
+      the shard's file name and the sample's key (``sampleseed``): its random augmentation is then
+      the same after a resume, on any layout, as without one. Else a resumed loader's workers draw
+      the epoch's first numbers again.
     - ``batch_size``: collate batches inside the workers (then use ``DataLoader(batch_size=None)``)
-      with ``collate`` (default ``default_collate``; ``bytebatch.collate_bytes`` hands undecoded
-      bytes over in shared memory).
+      with ``collate_fn`` (default ``default_collate``; ``bytebatch.collate_bytes`` hands
+      undecoded bytes over in shared memory).
     - ``errors="skip"``: leave out unreadable shards and bad samples, and warn with their count at
       the end of each worker's epoch (also kept in ``last_skips`` when iterating in this process);
       default ``"raise"``.
@@ -457,7 +443,7 @@ class ShardDataset(IterableDataset):
         seeded_transform=False,
         decoder="pil",
         batch_size=None,
-        collate=default_collate,
+        collate_fn=default_collate,
         errors="raise",
         equalize=False,
         sizes=None,
@@ -487,9 +473,9 @@ class ShardDataset(IterableDataset):
             )
         if seeded_transform and transform is None:
             raise ValueError("seeded_transform=True seeds a transform: pass transform= too")
-        if collate is not default_collate and not batch_size:
+        if collate_fn is not default_collate and not batch_size:
             raise ValueError(
-                "collate= collates the batches that batch_size= makes in the workers: give "
+                "collate_fn= collates the batches that batch_size= makes in the workers: give "
                 "batch_size too, or pass collate_fn= to the DataLoader instead"
             )
         if errors not in ERROR_MODES:
@@ -520,7 +506,7 @@ class ShardDataset(IterableDataset):
             decoder,
             batch_size,
         )
-        self.collate, self.seeded_transform = collate, seeded_transform
+        self.collate_fn, self.seeded_transform = collate_fn, seeded_transform
         self.errors, self.equalize, self.splitter, self.buffer = errors, equalize, splitter, buffer
         self.cache, self.read_ahead = cache, read_ahead
         self._sizes = None if sizes is None else dict(zip(self.shards, sizes))
@@ -648,7 +634,7 @@ class ShardDataset(IterableDataset):
             seeds = (self.seed, progress.epoch) if self.seeded_transform else None
             samples = decode(samples, self.keys, self.transform, self.decoder, report, sized, seeds)
         if self.batch_size:
-            samples = batched(samples, self.batch_size, self.collate)
+            samples = batched(samples, self.batch_size, self.collate_fn)
         return samples if report is raise_now else self.reporting(samples, report)
 
     def _read_again(self):
