@@ -174,21 +174,18 @@ def verdict(
     spread of its rounds, a line each. The words judge a share: ``reached`` when every round's is
     at least ``enough``, ``short`` when none is, else that the rounds straddle it; a median share
     over ``ABOVE`` judges nothing (the loaders do the plain processes' work and more, so only a
-    machine that moved can put them far above it). A loader slower than one plain process in
-    every round is told so whatever its share, and one line more says why (once, however many
-    are): on busy cores the ceiling itself is low. Lines stay short enough for a slide, and a busy
-    machine adds at most one."""
+    machine that moved can put them far above it). The share is judged on busy cores too, where
+    the ceiling itself is low: loaders slower than one plain process in every round are named in
+    one line more, with that ratio and why. Lines stay short enough for a slide, and a busy machine
+    adds at most one."""
     many, one = plain(processes), plain(1)
     allowed = comparison.ratio(many, one)
     lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
-    any_slower = False
+    slower = []
     for loader in [loaders] if isinstance(loaders, str) else loaders:
         share, gain = comparison.ratio(loader, many), comparison.ratio(loader, one)
-        slower = share.value <= ABOVE and gain.high < 1
         if share.value > ABOVE:
             words = "above the ceiling: the machine moved; run it again"
-        elif slower:
-            words = f"slower than {one}: {gain.value:.2f}×"
         elif share.low >= enough:
             words = reached
         elif share.high < enough:
@@ -199,10 +196,10 @@ def verdict(
             f"{loader}: {share.value:.0%} of what {many} reach here "
             f"(rounds {share.low:.0%} to {share.high:.0%}): {words}"
         )
-        any_slower = any_slower or slower
-    if any_slower:
+        if share.value <= ABOVE and gain.high < 1:
+            slower.append(f"{loader} {gain.value:.2f}×")
+    if slower:
         lines.append(
-            "  in every round: other programs hold the cores, and here the extra processes cost "
-            "more than they add"
+            f"  {', '.join(slower)} of {one} in every round: other programs hold the cores"
         )
     return "\n".join(lines)
