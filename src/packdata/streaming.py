@@ -630,12 +630,17 @@ class ShardDataset(IterableDataset):
         if reads is not None:
             samples = closing(samples, reads)
         if self.decode:
-            sized = progress if self.batch_size else None
-            seeds = (self.seed, progress.epoch) if self.seeded_transform else None
-            samples = decode(samples, self.keys, self.transform, self.decoder, report, sized, seeds)
+            samples = self.decoded(samples, progress, report)
         if self.batch_size:
             samples = batched(samples, self.batch_size, self.collate_fn)
         return samples if report is raise_now else self.reporting(samples, report)
+
+    def decoded(self, samples, progress, report):
+        """``samples`` through ``decode``: images of one shape when batching here, each transform
+        seeded by its sample with ``seeded_transform``."""
+        sized = progress if self.batch_size else None
+        seeds = (self.seed, progress.epoch) if self.seeded_transform else None
+        return decode(samples, self.keys, self.transform, self.decoder, report, sized, seeds)
 
     def _read_again(self):
         """What reads a shard a second time (``left_tuples``, counting its samples): the cache,
