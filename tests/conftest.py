@@ -7,6 +7,7 @@ import tarfile
 import pytest
 
 from packdata import synthetic
+from packdata.shardwrite import write_shards
 
 # make test runs pytest in two pytest-xdist workers. Work goes out a scope at a time: a file (so
 # that a notebook's cells share their kernel), or a set of lessons with the browser tests of their
@@ -57,6 +58,14 @@ def tiny_dataset(tmp_path_factory):
     return synthetic.make_dataset(
         tmp_path_factory.mktemp("data") / "synthetic-60", size=60, progress=False
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tiny_dataset, tmp_path_factory):
+    """``tiny_dataset`` written as 7 shards (six of 9 samples, one of 6): their paths, in order."""
+    out = tmp_path_factory.mktemp("tiny-shards")
+    written = write_shards(tiny_dataset, out, maxcount=9, progress=False)
+    return [str(info.path) for info in written]
 
 
 @pytest.fixture(scope="session")

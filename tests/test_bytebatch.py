@@ -12,7 +12,6 @@ from torchvision.io import decode_jpeg
 
 from packdata.bytebatch import ByteBatch, WholeFiles, collate_bytes
 from packdata.images import decode_image
-from packdata.shardwrite import write_shards
 from packdata.streaming import ShardDataset
 
 ITEMS = [b"first", b"", b"\x00\xff" * 3, b"last item"]
@@ -43,18 +42,12 @@ def test_collate_bytes_keeps_other_fields_as_default_collate_does():
         collate_bytes(ITEMS)
 
 
-@pytest.fixture(scope="module")
-def shards(tiny_dataset, tmp_path_factory):
-    out = tmp_path_factory.mktemp("shards")
-    return [str(info.path) for info in write_shards(tiny_dataset, out, maxcount=9, progress=False)]
-
-
-def test_workers_hand_every_sample_once_in_shared_memory(shards):
+def test_workers_hand_every_sample_once_in_shared_memory(tiny_shards):
     keys = ("__key__", "jpg")
-    plain = ShardDataset(shards, keys=keys, decode=False, shuffle=False)
+    plain = ShardDataset(tiny_shards, keys=keys, decode=False, shuffle=False)
     expected = dict(iter(plain))
     packed = ShardDataset(
-        shards, keys=keys, decode=False, shuffle=False, batch_size=8, collate_fn=collate_bytes
+        tiny_shards, keys=keys, decode=False, shuffle=False, batch_size=8, collate_fn=collate_bytes
     )
     seen = {}
     for names, jpegs in DataLoader(packed, batch_size=None, num_workers=2):
@@ -65,8 +58,8 @@ def test_workers_hand_every_sample_once_in_shared_memory(shards):
     assert seen == expected
 
 
-def test_decode_jpeg_takes_the_batch_as_it_comes(shards):
-    dataset = ShardDataset(shards, decode=False, batch_size=4, collate_fn=collate_bytes)
+def test_decode_jpeg_takes_the_batch_as_it_comes(tiny_shards):
+    dataset = ShardDataset(tiny_shards, decode=False, batch_size=4, collate_fn=collate_bytes)
     jpegs, _ = next(iter(dataset))
     decoded = decode_jpeg(jpegs.tensors())  # device="cuda" decodes on a GPU
     assert all(
@@ -75,17 +68,19 @@ def test_decode_jpeg_takes_the_batch_as_it_comes(shards):
     )
 
 
-def test_whole_files_come_once_each_with_their_count(shards):
-    loader = DataLoader(WholeFiles(shards, range(len(shards))), batch_size=None, num_workers=2)
+def test_whole_files_come_once_each_with_their_count(tiny_shards):
+    loader = DataLoader(
+        WholeFiles(tiny_shards, range(len(tiny_shards))), batch_size=None, num_workers=2
+    )
     got = {count: data for data, count in loader}
-    assert sorted(got) == list(range(len(shards)))
+    assert sorted(got) == list(range(len(tiny_shards)))
     for count, data in got.items():
-        assert data.is_shared() and data.numpy().tobytes() == Path(shards[count]).read_bytes()
+        assert data.is_shared() and data.numpy().tobytes() == Path(tiny_shards[count]).read_bytes()
 
 
-def test_collate_without_batch_size_is_refused(shards):
+def test_collate_without_batch_size_is_refused(tiny_shards):
     with pytest.raises(ValueError, match="give batch_size too"):
-        ShardDataset(shards, decode=False, collate_fn=collate_bytes)
+        ShardDataset(tiny_shards, decode=False, collate_fn=collate_bytes)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")

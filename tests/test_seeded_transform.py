@@ -13,21 +13,14 @@ from torchvision.transforms import v2
 
 from packdata.resume import loader_states, rest_of_epoch
 from packdata.sampleseed import sample_seed
-from packdata.shardwrite import write_shards
 from packdata.streaming import ShardDataset
 
 CROP = v2.RandomResizedCrop(16, antialias=True)
 
 
-@pytest.fixture(scope="module")
-def shards(tiny_dataset, tmp_path_factory):
-    out = tmp_path_factory.mktemp("shards")
-    return [str(info.path) for info in write_shards(tiny_dataset, out, maxcount=9, progress=False)]
-
-
-def dataset(shards, seeded=True):
+def dataset(tiny_shards, seeded=True):
     return ShardDataset(
-        shards, keys=("__key__", "jpg"), transform=CROP, seeded_transform=seeded, buffer_size=5
+        tiny_shards, keys=("__key__", "jpg"), transform=CROP, seeded_transform=seeded, buffer_size=5
     )
 
 
@@ -35,18 +28,18 @@ def loader(data, num_workers=2):
     return StatefulDataLoader(data, batch_size=None, num_workers=num_workers)
 
 
-def resumed(shards, seeded, then=None, taken=10, job_seed=1):
+def resumed(tiny_shards, seeded, then=None, taken=10, job_seed=1):
     """The samples of a whole epoch, and of the same epoch cut after ``taken`` samples and resumed
     (by a loader with ``then`` workers from the rest of the epoch, or by the same layout); the cut
     job seeded with ``job_seed``, the whole epoch's with 0."""
     torch.manual_seed(0)
-    whole = list(loader(dataset(shards, seeded)))
+    whole = list(loader(dataset(tiny_shards, seeded)))
     torch.manual_seed(job_seed)
-    first = loader(dataset(shards, seeded))
+    first = loader(dataset(tiny_shards, seeded))
     samples = iter(first)
     before = [next(samples) for _ in range(taken)]
     state = first.state_dict()
-    again = dataset(shards, seeded)
+    again = dataset(tiny_shards, seeded)
     if then is None:
         after = loader(again)
         after.load_state_dict(state)
@@ -57,18 +50,18 @@ def resumed(shards, seeded, then=None, taken=10, job_seed=1):
 
 
 @pytest.mark.parametrize("then", [None, 1, 3])
-def test_a_seeded_transform_gives_every_sample_the_same_crop_after_a_resume(shards, then):
+def test_a_seeded_transform_gives_every_sample_the_same_crop_after_a_resume(tiny_shards, then):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        whole, cut = resumed(shards, seeded=True, then=then)
+        whole, cut = resumed(tiny_shards, seeded=True, then=then)
     assert len(cut) == len(whole)
     expected, got = dict(whole), dict(cut)
     differ = [key for key in expected if not torch.equal(expected[key], got[key])]
     assert not differ, f"other crops after the resume: {differ[:3]}"
 
 
-def test_without_it_the_same_job_crops_otherwise_after_the_cut(shards):
-    whole, cut = resumed(shards, seeded=False, taken=10, job_seed=0)
+def test_without_it_the_same_job_crops_otherwise_after_the_cut(tiny_shards):
+    whole, cut = resumed(tiny_shards, seeded=False, taken=10, job_seed=0)
     same = [torch.equal(a, b) for (_, a), (_, b) in zip(whole, cut)]
     assert all(same[:10]), "the same torch seed: the same crops before the cut"
     assert not any(same[10:]), "StatefulDataLoader keeps no worker generator's place"
@@ -79,10 +72,10 @@ def shifted(image):
     return image + random.randrange(50)
 
 
-def test_pythons_draws_are_seeded_too(shards):
+def test_pythons_draws_are_seeded_too(tiny_shards):
     def run(global_seed):
         random.seed(global_seed)
-        return list(ShardDataset(shards, transform=shifted, seeded_transform=True))
+        return list(ShardDataset(tiny_shards, transform=shifted, seeded_transform=True))
 
     first, second = run(1), run(2)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, second))
@@ -96,14 +89,14 @@ def test_the_seed_names_the_shard_by_its_file_name():
     assert local != sample_seed(0, 4, "/scratch/train-000001.tar", "s1")  # another epoch
 
 
-def test_seeding_leaves_this_processs_generator_where_it_was(shards):
+def test_seeding_leaves_this_processs_generator_where_it_was(tiny_shards):
     torch.manual_seed(5)
-    list(dataset(shards))  # no workers: the transform runs in this process
+    list(dataset(tiny_shards))  # no workers: the transform runs in this process
     drawn = torch.rand(3)
     torch.manual_seed(5)
     assert torch.equal(drawn, torch.rand(3))
 
 
-def test_seeded_transform_without_a_transform_is_refused(shards):
+def test_seeded_transform_without_a_transform_is_refused(tiny_shards):
     with pytest.raises(ValueError, match="pass transform= too"):
-        ShardDataset(shards, seeded_transform=True)
+        ShardDataset(tiny_shards, seeded_transform=True)

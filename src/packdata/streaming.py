@@ -285,12 +285,12 @@ def different_size(shard, sample_key, shape, first):
     )
 
 
-def batched(items, batch_size, collate=default_collate):
-    """Collate every ``batch_size`` items into a batch with ``collate``; the last may be
+def batched(items, batch_size, collate_fn=default_collate):
+    """Collate every ``batch_size`` items into a batch with ``collate_fn``; the last may be
     smaller."""
     items = iter(items)
     while batch := list(islice(items, batch_size)):
-        yield collate(batch)
+        yield collate_fn(batch)
 
 
 # --- counting, skipping, equalising ---------------------------------------------------------------
