@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
-from torchvision.io import decode_jpeg
+from torchcodec.decoders import decode_jpeg
 
 from packdata.bytebatch import ByteBatch, WholeFiles, collate_bytes
 from packdata.images import decode_image
@@ -63,7 +63,7 @@ def test_decode_jpeg_takes_the_batch_as_it_comes(tiny_shards):
     jpegs, _ = next(iter(dataset))
     decoded = decode_jpeg(jpegs.tensors())  # device="cuda" decodes on a GPU
     assert all(
-        torch.equal(image, decode_image(jpeg, decoder="torchvision"))
+        torch.equal(image, decode_image(jpeg, decoder="torchcodec"))
         for image, jpeg in zip(decoded, jpegs)
     )
 

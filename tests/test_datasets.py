@@ -102,20 +102,20 @@ def test_an_empty_folder_fails_clearly(tmp_path):
         FolderDataset(tmp_path)
 
 
-@pytest.mark.filterwarnings(
-    "ignore:The image decoding and encoding capabilities of TorchVision are deprecated"
-)
 def test_both_decoders_give_uint8_chw_images_that_agree(tiny_dataset):
-    by_pil, by_torchvision = (
-        FolderDataset(tiny_dataset),
-        FolderDataset(tiny_dataset, decoder="torchvision"),
-    )
+    by_pil = FolderDataset(tiny_dataset)
+    by_torchcodec = FolderDataset(tiny_dataset, decoder="torchcodec")
     for index in (0, 7, 59):
-        pil_image, torchvision_image = by_pil[index][0], by_torchvision[index][0]
-        assert pil_image.dtype == torchvision_image.dtype == torch.uint8
-        assert pil_image.shape == torchvision_image.shape == (3, 64, 64)
+        pil_image, torchcodec_image = by_pil[index][0], by_torchcodec[index][0]
+        assert pil_image.dtype == torchcodec_image.dtype == torch.uint8
+        assert pil_image.shape == torchcodec_image.shape == (3, 64, 64)
         # libjpeg builds may round differently
-        assert (pil_image.float() - torchvision_image.float()).abs().mean() < 2
+        assert (pil_image.float() - torchcodec_image.float()).abs().mean() < 2
+
+
+def test_torchvisions_deprecated_decoder_is_refused_naming_its_successor():
+    with pytest.raises(ValueError, match="since torchvision 0.29; use decoder='torchcodec'"):
+        decode_image(b"", decoder="torchvision")
 
 
 def test_unknown_decoder_is_refused(tiny_dataset):

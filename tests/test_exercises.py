@@ -1845,7 +1845,7 @@ def test_the_handle_check_names_a_handle_that_breaks_building_the_dataset(tiny_d
 @pytest.mark.parametrize(
     "recipe, named",
     [
-        (RecipeShiftedArguments, "transform='torchvision'"),
+        (RecipeShiftedArguments, "transform='torchcodec'"),
         (RecipeWithoutTransform, "transform=None"),
         (RecipeSwappedArguments, r"could not be rebuilt .* in ZipDataset's order"),
     ],

@@ -14,7 +14,7 @@ Bytes and processes
 - ``ports``       — a free TCP port on loopback
 - ``childserver`` — a server in a process of its own, started by a command, stopped by a line
 - ``httpclient``  — keep-alive HTTP client, a seekable file over Range GETs, file versions (ETags)
-- ``images``      — JPEG encode, decode with PIL or torchvision, raw ``.npy`` pixels, payloads
+- ``images``      — JPEG encode, decode with PIL or TorchCodec, raw ``.npy`` pixels, payloads
 - ``fields``      — a sample's fields from bytes: which member is the image, json, txt, npy
 - ``compression`` — compressed shards (gzip, bzip2, xz) recognised and decompressed, or named
 

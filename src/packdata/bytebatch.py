@@ -4,7 +4,7 @@ memory instead of pickled through a pipe.
     dataset = ShardDataset(urls, decode=False, batch_size=256, collate_fn=collate_bytes)
     for jpegs, labels in DataLoader(dataset, batch_size=None, num_workers=4):
         jpegs[0]                                  # the first sample's bytes
-        torchvision.io.decode_jpeg(jpegs.tensors(), device="cuda")   # decoded on the GPU
+        torchcodec.decoders.decode_jpeg(jpegs.tensors(), device="cuda")  # one nvJPEG call
         int(labels[0])                            # undecoded too: b"7"
 
 A worker hands the main process each ``bytes`` object of a batch by pickling it through a pipe:

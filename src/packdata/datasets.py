@@ -48,7 +48,7 @@ class EncodedImageDataset(Dataset):
         data = self.read_bytes(index)
         try:
             image = decode_image(data, self.decoder)
-        # how PIL, numpy and torchvision say "not an image"
+        # how PIL, numpy and TorchCodec say "not an image"
         except (OSError, ValueError, RuntimeError) as error:
             raise ValueError(
                 f"cannot decode {self.describe(index)} as an image: {error}"

@@ -1,4 +1,4 @@
-"""Images in and out of bytes: JPEG encoding, decoding with PIL or torchvision, raw ``.npy`` pixels.
+"""Images in and out of bytes: JPEG encoding, decoding with PIL or TorchCodec, raw ``.npy`` pixels.
 
 Every reader of the course (folders, archives, shards, over HTTP or not) hands a sample's bytes to
 the same ``decode_image``, so formats differ only in how the bytes arrive, never in how they decode.
@@ -12,7 +12,9 @@ import numpy as np
 from PIL import Image, ImageOps
 
 JPEG_QUALITY = 90
-DECODERS = ("pil", "torchvision")
+DECODERS = ("pil", "torchcodec")
+# torchvision.io's decoders are deprecated since torchvision 0.29, for TorchCodec's
+RETIRED_DECODERS = {"torchvision": "torchcodec"}
 ENCODED_IMAGES = ("jpg", "jpeg", "png")  # extensions of encoded images, which both decoders read
 IMAGE_FIELDS = (*ENCODED_IMAGES, "npy")  # extensions of members that decode to an image tensor
 NPY_MAGIC = b"\x93NUMPY"
@@ -22,6 +24,11 @@ RESIZE_FILTER = Image.Resampling.BICUBIC
 
 def check_decoder(decoder):
     """Refuse a decoder name that is not one of ``DECODERS``."""
+    if decoder in RETIRED_DECODERS:
+        raise ValueError(
+            f"decoder={decoder!r} is retired: torchvision's image decoding is deprecated since "
+            f"torchvision 0.29; use decoder={RETIRED_DECODERS[decoder]!r}, which replaces it"
+        )
     if decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")
 
@@ -127,9 +134,10 @@ def decode_image(data, decoder="pil"):
     ``uint8`` HWC array saved by numpy, what ``packing`` stores for ``payload="raw"``) need no
     decoder and ignore it.
 
-    PIL's pixels stay as they are in memory, channels last (the tensor is a view of them,
-    ``pixels_as_tensor``): no copy into channels-first order, and the resize of a crop reads this
-    layout faster than that one. ``.contiguous()`` makes the copy when code needs it."""
+    Both decoders keep the pixels channels last in memory (PIL's tensor is a view of its array,
+    ``pixels_as_tensor``; TorchCodec's comes so): no copy into channels-first order, and the resize
+    of a crop reads this layout faster than that one. ``.contiguous()`` makes the copy when code
+    needs it. TorchCodec replaces ``torchvision.io``'s decoders (deprecated in torchvision 0.29)."""
     check_decoder(decoder)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(
@@ -142,12 +150,10 @@ def decode_image(data, decoder="pil"):
         with Image.open(io.BytesIO(data)) as image:
             rgb = image if image.mode == "RGB" else image.convert("RGB")
             return pixels_as_tensor(np.array(rgb))
-    import torch  # here, not at the top: processes that only write shards never import torch
-    from torchvision import io as tvio  # on first use: importing torchvision slows worker start
+    # on first use: importing it slows every worker's start
+    from torchcodec.decoders import decode_image as decode
 
-    return tvio.decode_image(
-        torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tvio.ImageReadMode.RGB
-    )
+    return decode(bytes(data), mode="RGB")
 
 
 def is_pixels(array):

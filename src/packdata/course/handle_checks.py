@@ -235,13 +235,13 @@ def _check_recipe_keeps_arguments(cls, archive):
     audit (it reads bytes only) but decodes differently in every worker."""
     import pickle
 
-    built = cls(archive, transform=_unchanged, decoder="torchvision")
+    built = cls(archive, transform=_unchanged, decoder="torchcodec")
     order = "in ZipDataset's order (archive, transform, decoder)"
     try:
         copy = pickle.loads(pickle.dumps(built))
     except (TypeError, ValueError) as error:  # e.g. the decoder where the transform goes
         raise CheckFailed(
-            f"{cls.__name__}(archive, transform={_unchanged.__name__}, decoder='torchvision') "
+            f"{cls.__name__}(archive, transform={_unchanged.__name__}, decoder='torchcodec') "
             f"could not be rebuilt from its pickle: {type(error).__name__}: {error}. The recipe "
             f"must give the three arguments {order}."
         ) from None
@@ -250,7 +250,7 @@ def _check_recipe_keeps_arguments(cls, archive):
         if got != expected:
             raise CheckFailed(
                 f"{cls.__name__}(archive, transform={_unchanged.__name__}, "
-                f"decoder='torchvision') comes back from its pickle with {name}={got!r}, not "
+                f"decoder='torchcodec') comes back from its pickle with {name}={got!r}, not "
                 f"{expected!r}: the recipe must rebuild the dataset with all three arguments, "
                 f"{order}."
             )
