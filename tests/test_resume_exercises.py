@@ -13,6 +13,7 @@ from packdata.layout import raise_now
 from packdata.streaming import shard_tuples
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*set_vital.*")
+KEYS = ("__key__", "cls")
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +176,32 @@ def test_each_mistake_is_named(shards, name, says):
 def test_going_back_inside_a_shard_is_told_from_going_to_its_start(long_shards, name, says):
     with pytest.raises(CheckFailed, match=says):
         check_resumable_stream(mistake(name), long_shards)
+
+
+class ReadsFromTheStart(IterableDataset):
+    """Resumes exactly, but keeps only a count: a restart reads every shard up to the cut again."""
+
+    def __init__(self, shards):
+        self.shards, self.count = list(shards), 0
+
+    def __iter__(self):
+        every = (sample for shard in self.shards for sample in shard_tuples(shard, KEYS, raise_now))
+        for count, sample in enumerate(islice(every, self.count, None), self.count + 1):
+            self.count = count
+            yield sample
+        self.count = 0
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def test_a_restart_that_reads_the_shards_before_the_cut_again_is_named(shards):
+    says = r"opened shard 0 \(train-000000.tar\), though the checkpoint was taken in shard [1-9]"
+    with pytest.raises(CheckFailed, match=says):
+        check_resumable_stream(ReadsFromTheStart, shards)
 
 
 def padded(n, world_size, epoch, drop_last, pad=lambda order, missing: order[:missing]):

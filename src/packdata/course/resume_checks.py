@@ -6,7 +6,11 @@ steps; torch's own ``DistributedSampler`` as the reference) and names the mistak
 
 import copy
 import json
+import os
+import tempfile
+from bisect import bisect_right
 from itertools import islice
+from pathlib import Path
 
 from .feedback import CheckFailed, passed
 
@@ -172,6 +176,7 @@ def check_resumable_stream(stream_class, shards):
         if problem:
             raise CheckFailed(f"checkpoint after batch {cut} of {n_batches}: {problem}.")
     _check_second_cut(stream_class, shards, whole)
+    _check_straight_to_its_shard(stream_class, shards, n_batches - 1)
     loader = _loader(stream_class(shards))
     epochs = [_keys(loader), _keys(loader)]
     if epochs[1] != whole:
@@ -182,7 +187,7 @@ def check_resumable_stream(stream_class, shards):
     passed(
         f"resumed exactly after batches {sorted({1, n_batches // 3, n_batches // 2})} and "
         f"{n_batches - 1} of {n_batches}, and 1 batch after a resume: all {len(whole)} samples "
-        "once, in the same order; "
+        "once, in the same order, opening no shard before the one it stopped in; "
         f"the state is {len(json.dumps(state))} characters of JSON."
     )
 
@@ -200,6 +205,36 @@ def _check_second_cut(stream_class, shards, whole):
             "resume must still count from the first sample of its shard, not from where the "
             "resumed run began"
         )
+
+
+def _check_straight_to_its_shard(stream_class, shards, cut):
+    """A restart after batch ``cut`` opens no shard before the one its last sample came from. The
+    stream reads links to the shards, in a folder of their own; those before are removed before the
+    restart, so that opening one fails, naming it."""
+    last = bisect_right(_shard_starts(shards), cut * BATCH - 1) - 1  # the shard it stopped in
+    if last < 1:
+        return
+    with tempfile.TemporaryDirectory(prefix="hidden-shards-") as folder:
+        links = [os.path.join(folder, f"{i:05d}-{Path(s).name}") for i, s in enumerate(shards)]
+        for link, shard in zip(links, shards):
+            os.symlink(os.path.abspath(shard), link)
+        _, state, _ = _resumed(stream_class, links, cut)
+        for link in links[:last]:
+            os.unlink(link)
+        try:
+            _keys(_restarted(stream_class, links, state))
+        except Exception as error:  # any: the learner's code, told apart by what it names
+            opened = next((i for i, link in enumerate(links[:last]) if link in str(error)), None)
+            if opened is None:
+                raise
+            raise CheckFailed(
+                f"checkpoint after batch {cut}: the restarted loader opened shard {opened} "
+                f"({Path(shards[opened]).name}), though the checkpoint was taken in shard {last}. "
+                "A restart should open the shard it stopped in first, and none before it: keep "
+                "that shard's number in the place, not only a count of samples (re-reading every "
+                "shard up to the cut costs their reads again at each restart). The check hid the "
+                "shards before it to see this."
+            ) from None
 
 
 # --- DistributedSampler ---------------------------------------------------------------------------
