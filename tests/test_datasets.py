@@ -28,7 +28,7 @@ from packdata.datasets import (
 )
 from packdata.httpclient import FileChangedError, HttpRangeFile
 from packdata.imagefolder import load_manifest
-from packdata.images import decode_image
+from packdata.images import DECODERS, ORIENTATION, decode_image
 from packdata.netstore import NetworkStore
 from packdata.packing import TAR_MANIFEST, ZIP_MANIFEST, pack_tar, pack_zip
 from packdata.tarindex import build_index, index_path
@@ -111,6 +111,25 @@ def test_both_decoders_give_uint8_chw_images_that_agree(tiny_dataset):
         assert pil_image.shape == torchcodec_image.shape == (3, 64, 64)
         # libjpeg builds may round differently
         assert (pil_image.float() - torchcodec_image.float()).abs().mean() < 2
+
+
+def test_both_decoders_turn_a_photo_upright_by_its_exif_orientation():
+    exif = Image.Exif()
+    exif[ORIENTATION] = 6  # the camera was turned: the picture is stored sideways
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 20), "blue").save(buffer, format="JPEG", exif=exif)
+    for decoder in DECODERS:
+        assert decode_image(buffer.getvalue(), decoder).shape == (3, 40, 20), decoder
+
+
+def test_both_decoders_give_an_animations_first_frame():
+    frames = [Image.new("RGB", (8, 6), colour) for colour in ("red", "blue")]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:])
+    for decoder in DECODERS:
+        image = decode_image(buffer.getvalue(), decoder)
+        assert image.shape == (3, 6, 8), decoder
+        assert image[0].float().mean() > 200 and image[2].float().mean() < 50, decoder  # red
 
 
 def test_torchvisions_deprecated_decoder_is_refused_naming_its_successor():

@@ -1,5 +1,6 @@
 """Lesson 7's checks pass the worked answers and name the typical mistakes."""
 
+import os
 from itertools import islice
 
 import pytest
@@ -196,6 +197,38 @@ class ReadsFromTheStart(IterableDataset):
 
     def load_state_dict(self, state):
         self.count = state["count"]
+
+
+class SkipsWhatItCannotRead(ReadsFromTheStart):
+    """Keeps only a count too, and passes over shards it cannot open instead of raising."""
+
+    def __iter__(self):
+        def readable(shard):
+            return shard_tuples(shard, KEYS, lambda error, shard=None: None)
+
+        every = (sample for shard in self.shards for sample in readable(shard))
+        for count, sample in enumerate(islice(every, self.count, None), self.count + 1):
+            self.count = count
+            yield sample
+        self.count = 0
+
+
+class ChecksItsShards(Stream):
+    """The worked answer, with a constructor that looks at every shard, as a careful job does."""
+
+    def __init__(self, shards):
+        super().__init__(shards)
+        self.sizes = [os.path.getsize(shard) for shard in self.shards]
+
+
+def test_a_stream_that_looks_at_every_shard_when_built_passes(shards, capsys):
+    check_resumable_stream(ChecksItsShards, shards)
+    assert "opening no shard before the one it stopped in" in capsys.readouterr().out
+
+
+def test_a_restart_that_passes_over_the_hidden_shards_is_named(shards):
+    with pytest.raises(CheckFailed, match="with the shards before shard [1-9] hidden.*skip shards"):
+        check_resumable_stream(SkipsWhatItCannotRead, shards)
 
 
 def test_a_restart_that_reads_the_shards_before_the_cut_again_is_named(shards):

@@ -134,7 +134,8 @@ def decode_image(data, decoder="pil"):
     ``uint8`` HWC array saved by numpy, what ``packing`` stores for ``payload="raw"``) need no
     decoder and ignore it.
 
-    Both decoders keep the pixels channels last in memory (PIL's tensor is a view of its array,
+    Both turn a photo upright by its EXIF orientation, and give an animation's first frame. Both
+    keep the pixels channels last in memory (PIL's tensor is a view of its array,
     ``pixels_as_tensor``; TorchCodec's comes so): no copy into channels-first order, and the resize
     of a crop reads this layout faster than that one. ``.contiguous()`` makes the copy when code
     needs it. TorchCodec replaces ``torchvision.io``'s decoders (deprecated in torchvision 0.29)."""
@@ -148,12 +149,22 @@ def decode_image(data, decoder="pil"):
         return decode_array(data)
     if decoder == "pil":
         with Image.open(io.BytesIO(data)) as image:
-            rgb = image if image.mode == "RGB" else image.convert("RGB")
+            upright = upright_image(image)
+            rgb = upright if upright.mode == "RGB" else upright.convert("RGB")
             return pixels_as_tensor(np.array(rgb))
     # on first use: importing it slows every worker's start
     from torchcodec.decoders import decode_image as decode
 
-    return decode(bytes(data), mode="RGB")
+    image = decode(bytes(data), mode="RGB")
+    return image[0] if image.ndim == 4 else image  # an animation's first frame, as PIL gives
+
+
+def upright_image(image):
+    """A PIL ``image`` turned upright by its EXIF orientation, as TorchCodec decodes it. The EXIF
+    is parsed only when the file has one: parsing costs about 17 µs, every decode would pay it."""
+    if "exif" in image.info and image.getexif().get(ORIENTATION, 1) != 1:
+        return ImageOps.exif_transpose(image)
+    return image
 
 
 def is_pixels(array):

@@ -11,7 +11,16 @@ from pathlib import Path
 
 CGROUP_ROOT = "/sys/fs/cgroup"  # where a container sees its own cgroup
 CGROUP_LISTING = "/proc/self/cgroup"  # this process's cgroup in each hierarchy
-PACKAGES = ("torch", "torchvision", "webdataset", "numpy", "pillow", "jupytext", "matplotlib")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "torchcodec",
+    "webdataset",
+    "numpy",
+    "pillow",
+    "jupytext",
+    "matplotlib",
+)
 
 
 def usable_cores():

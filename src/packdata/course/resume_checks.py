@@ -176,7 +176,8 @@ def check_resumable_stream(stream_class, shards):
         if problem:
             raise CheckFailed(f"checkpoint after batch {cut} of {n_batches}: {problem}.")
     _check_second_cut(stream_class, shards, whole)
-    _check_straight_to_its_shard(stream_class, shards, n_batches - 1)
+    straight = _check_straight_to_its_shard(stream_class, shards, whole, n_batches - 1)
+    opening = ", opening no shard before the one it stopped in" if straight else ""
     loader = _loader(stream_class(shards))
     epochs = [_keys(loader), _keys(loader)]
     if epochs[1] != whole:
@@ -187,7 +188,7 @@ def check_resumable_stream(stream_class, shards):
     passed(
         f"resumed exactly after batches {sorted({1, n_batches // 3, n_batches // 2})} and "
         f"{n_batches - 1} of {n_batches}, and 1 batch after a resume: all {len(whole)} samples "
-        "once, in the same order, opening no shard before the one it stopped in; "
+        f"once, in the same order{opening}; "
         f"the state is {len(json.dumps(state))} characters of JSON."
     )
 
@@ -207,22 +208,26 @@ def _check_second_cut(stream_class, shards, whole):
         )
 
 
-def _check_straight_to_its_shard(stream_class, shards, cut):
-    """A restart after batch ``cut`` opens no shard before the one its last sample came from. The
-    stream reads links to the shards, in a folder of their own; those before are removed before the
-    restart, so that opening one fails, naming it."""
+def _check_straight_to_its_shard(stream_class, shards, whole, cut):
+    """Whether a restart after batch ``cut`` opens no shard before the one its last sample came
+    from (``shards``: local paths); False when that is shard 0, and there is nothing to see. The
+    stream reads links to the shards, in a folder of their own; those before are removed once the
+    restarted stream is built, so that opening one fails, naming it."""
     last = bisect_right(_shard_starts(shards), cut * BATCH - 1) - 1  # the shard it stopped in
     if last < 1:
-        return
+        return False
     with tempfile.TemporaryDirectory(prefix="hidden-shards-") as folder:
         links = [os.path.join(folder, f"{i:05d}-{Path(s).name}") for i, s in enumerate(shards)]
         for link, shard in zip(links, shards):
             os.symlink(os.path.abspath(shard), link)
         _, state, _ = _resumed(stream_class, links, cut)
+        stream = stream_class(links)  # a restarted job finds every shard: hide them only now
         for link in links[:last]:
             os.unlink(link)
+        restarted = _loader(stream)
+        restarted.load_state_dict(copy.deepcopy(state))
         try:
-            _keys(_restarted(stream_class, links, state))
+            after = _keys(restarted)
         except Exception as error:  # any: the learner's code, told apart by what it names
             opened = next((i for i, link in enumerate(links[:last]) if link in str(error)), None)
             if opened is None:
@@ -235,6 +240,14 @@ def _check_straight_to_its_shard(stream_class, shards, cut):
                 "shard up to the cut costs their reads again at each restart). The check hid the "
                 "shards before it to see this."
             ) from None
+    if after != whole[cut * BATCH :]:
+        raise CheckFailed(
+            f"checkpoint after batch {cut}: with the shards before shard {last} hidden, the "
+            f"restarted loader gave {len(after)} samples, not the {len(whole) - cut * BATCH} after "
+            "the checkpoint: did it skip shards it could not read, and count samples from the "
+            "first shard? Keep the shard's number in the place, and start at that shard"
+        )
+    return True
 
 
 # --- DistributedSampler ---------------------------------------------------------------------------
