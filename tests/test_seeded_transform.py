@@ -18,9 +18,9 @@ from packdata.streaming import ShardDataset
 CROP = v2.RandomResizedCrop(16, antialias=True)
 
 
-def dataset(tiny_shards, seeded=True):
+def dataset(shards, seeded=True):
     return ShardDataset(
-        tiny_shards, keys=("__key__", "jpg"), transform=CROP, seeded_transform=seeded, buffer_size=5
+        shards, keys=("__key__", "jpg"), transform=CROP, seeded_transform=seeded, buffer_size=5
     )
 
 
@@ -28,18 +28,18 @@ def loader(data, num_workers=2):
     return StatefulDataLoader(data, batch_size=None, num_workers=num_workers)
 
 
-def resumed(tiny_shards, seeded, then=None, taken=10, job_seed=1):
+def resumed(shards, seeded, then=None, taken=10, job_seed=1):
     """The samples of a whole epoch, and of the same epoch cut after ``taken`` samples and resumed
     (by a loader with ``then`` workers from the rest of the epoch, or by the same layout); the cut
     job seeded with ``job_seed``, the whole epoch's with 0."""
     torch.manual_seed(0)
-    whole = list(loader(dataset(tiny_shards, seeded)))
+    whole = list(loader(dataset(shards, seeded)))
     torch.manual_seed(job_seed)
-    first = loader(dataset(tiny_shards, seeded))
+    first = loader(dataset(shards, seeded))
     samples = iter(first)
     before = [next(samples) for _ in range(taken)]
     state = first.state_dict()
-    again = dataset(tiny_shards, seeded)
+    again = dataset(shards, seeded)
     if then is None:
         after = loader(again)
         after.load_state_dict(state)

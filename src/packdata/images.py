@@ -13,8 +13,6 @@ from PIL import Image, ImageOps
 
 JPEG_QUALITY = 90
 DECODERS = ("pil", "torchcodec")
-# torchvision.io's decoders are deprecated since torchvision 0.29, for TorchCodec's
-RETIRED_DECODERS = {"torchvision": "torchcodec"}
 ENCODED_IMAGES = ("jpg", "jpeg", "png")  # extensions of encoded images, which both decoders read
 IMAGE_FIELDS = (*ENCODED_IMAGES, "npy")  # extensions of members that decode to an image tensor
 NPY_MAGIC = b"\x93NUMPY"
@@ -24,10 +22,10 @@ RESIZE_FILTER = Image.Resampling.BICUBIC
 
 def check_decoder(decoder):
     """Refuse a decoder name that is not one of ``DECODERS``."""
-    if decoder in RETIRED_DECODERS:
+    if decoder == "torchvision":
         raise ValueError(
-            f"decoder={decoder!r} is retired: torchvision's image decoding is deprecated since "
-            f"torchvision 0.29; use decoder={RETIRED_DECODERS[decoder]!r}, which replaces it"
+            "decoder='torchvision' is retired: torchvision's image decoding is deprecated since "
+            "torchvision 0.29; use decoder='torchcodec', which replaces it"
         )
     if decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}; choose one of {DECODERS}")

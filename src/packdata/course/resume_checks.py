@@ -43,12 +43,12 @@ def _resumed(stream_class, shards, cut):
             "place in self, and go back to the first sample once an epoch ends."
         )
     state = copy.deepcopy(first.state_dict())  # as a checkpoint file keeps it
-    return before, state, _restarted(stream_class, shards, state)
+    return before, state, _restarted(stream_class(shards), state)
 
 
-def _restarted(stream_class, shards, state):
-    """A fresh loader over a new stream, resumed from a copy of the loader ``state``."""
-    loader = _loader(stream_class(shards))
+def _restarted(stream, state):
+    """A fresh loader over ``stream`` (a new one), resumed from a copy of the loader ``state``."""
+    loader = _loader(stream)
     loader.load_state_dict(copy.deepcopy(state))
     return loader
 
@@ -198,7 +198,7 @@ def _check_second_cut(stream_class, shards, whole):
     shard is longer than two batches) resumes exactly too."""
     before, _, resumed = _resumed(stream_class, shards, 1)
     middle = _keys(islice(iter(resumed), 1))
-    after = _keys(_restarted(stream_class, shards, resumed.state_dict()))
+    after = _keys(_restarted(stream_class(shards), resumed.state_dict()))
     problem = _cut_problem(before + middle, after, whole, shards)
     if problem:
         raise CheckFailed(
@@ -224,8 +224,7 @@ def _check_straight_to_its_shard(stream_class, shards, whole, cut):
         stream = stream_class(links)  # a restarted job finds every shard: hide them only now
         for link in links[:last]:
             os.unlink(link)
-        restarted = _loader(stream)
-        restarted.load_state_dict(copy.deepcopy(state))
+        restarted = _restarted(stream, state)
         try:
             after = _keys(restarted)
         except Exception as error:  # any: the learner's code, told apart by what it names
