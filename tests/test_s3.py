@@ -2,17 +2,21 @@
 back."""
 
 import os
+import re
 import subprocess
 import sys
+import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 
 import pytest
+from torch.utils.data import DataLoader
 
 from packdata import imagefolder, s3, shardwrite, tarscan
 from packdata.datasets import IndexedTarDataset
-from packdata.httpclient import file_name, unsigned
+from packdata.httpclient import file_name, unsigned, withheld, withhold_secrets
 from packdata.shardcache import HIT, MISS, ShardCache
 from packdata.streaming import ShardDataset
 
@@ -152,6 +156,67 @@ def test_only_the_signature_is_left_out_of_a_presigned_url():
     assert unsigned(version_2) == "http://127.0.0.1:9000/b/train-000001.tar"
     assert file_name(signed) == file_name(version_2) == "train-000001.tar"
     assert unsigned("/scratch/run?expires=1/a.tar") == "/scratch/run?expires=1/a.tar"  # a path
+
+
+def test_errors_show_a_presigned_url_without_its_secrets():
+    token = "&X-Amz-Security-Token=t0k3n"
+    signed = "http://h/b/a.tar?X-Amz-Credential=k%2F1&X-Amz-Date=D&X-Amz-Signature=ab12" + token
+    assert withheld(f"GET {signed} failed") == (
+        "GET http://h/b/a.tar?X-Amz-Credential=(withheld)&X-Amz-Date=D"
+        "&X-Amz-Signature=(withheld)&X-Amz-Security-Token=(withheld) failed"
+    )
+    assert withheld("http://h/a.tar?AWSAccessKeyId=k&Signature=x%2B&Expires=9") == (
+        "http://h/a.tar?AWSAccessKeyId=(withheld)&Signature=(withheld)&Expires=9"
+    )
+    try:
+        try:
+            raise FileNotFoundError(2, "gone", signed)
+        except OSError as cause:
+            raise ValueError(f"cannot read {signed!r}") from cause
+    except ValueError as error:
+        text = "".join(traceback.format_exception(withhold_secrets(error)))
+    assert "ab12" not in text and "t0k3n" not in text and text.count("(withheld)") == 6
+
+
+def shown_errors(urls, **options):
+    """What a user sees of each way ``urls`` can fail: errors raised here and by a DataLoader
+    worker, and the warning of a skip."""
+    shown = []
+    for workers in (0, 1):
+        dataset = ShardDataset(urls, keys=("__key__",), decode=False, **options)
+        with pytest.raises(Exception) as raised:
+            list(DataLoader(dataset, batch_size=None, num_workers=workers))
+        shown.append("".join(traceback.format_exception(raised.value)))
+    dataset = ShardDataset(urls, keys=("__key__",), decode=False, errors="skip", **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(dataset)
+    return shown + [str(warning.message) for warning in caught]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_shard_that_fails_is_named_without_its_signature(server, shard_paths, tmp_path, cached):
+    client = s3.client()
+    client.create_bucket(Bucket="secret")
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(shard_paths[0].read_bytes()[:3000])
+    s3.upload_files([shard_paths[0], cut], "secret")
+
+    def presigned(key, expires_s=3600):
+        return client.generate_presigned_url(
+            "get_object", Params={"Bucket": "secret", "Key": key}, ExpiresIn=expires_s
+        )
+
+    good = presigned(shard_paths[0].name)
+    options = {"cache": ShardCache(tmp_path / "cache", max_bytes=10**9)} if cached else {}
+    for bad in (presigned("missing.tar"), presigned("cut.tar")):
+        secrets = re.findall(r"(?:Signature|Credential)=([^&]+)", bad)
+        for text in shown_errors([good, bad], **options):
+            assert file_name(bad) in text and "X-Amz-Signature=(withheld)" in text
+            assert not any(secret in text for secret in secrets), text
+    with pytest.raises(ValueError, match="more than once") as raised:  # it names both URLs
+        ShardDataset([good, presigned(shard_paths[0].name, expires_s=60)], decode=False)
+    assert re.search(r"Signature=[0-9a-f]", str(raised.value)) is None
 
 
 def test_range_reads_refuse_a_presigned_url_by_name(server, shard_paths):

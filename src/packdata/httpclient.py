@@ -11,9 +11,12 @@ lets a reader ask for the version of a file it indexed, so a file replaced meanw
 ``FileChangedError`` instead of handing out bytes from the wrong offsets.
 """
 
+import functools
 import http.client
+import inspect
 import io
 import os
+import re
 import threading
 import urllib.parse
 from http import HTTPStatus
@@ -53,6 +56,69 @@ def unsigned(url):
 
 def _signs(parameter):
     return parameter.startswith(SIGNING_PREFIX) or parameter in SIGNING_PARAMETERS
+
+
+# the values in a presigned URL that grant access (the signature, the key that made it, a session's
+# token): whoever holds them reads the object until the URL expires
+SECRETS = re.compile(
+    r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|awsaccesskeyid)=)"
+    r"[^&#\s'\"]*"
+)
+WITHHELD = "(withheld)"
+
+
+def withheld(text):
+    """``text`` with the secret values of every presigned URL in it replaced by ``WITHHELD``: how
+    errors and warnings show a URL, so that a log or traceback can be shared. The rest of the URL
+    (host, path, ``X-Amz-Date``, ``X-Amz-Expires``) stays, to tell which object and when it
+    expired."""
+    return SECRETS.sub(rf"\g<1>{WITHHELD}", text)
+
+
+def withhold_secrets(error):
+    """Withhold presigned URLs' secrets (``withheld``) from ``error``'s message and notes, and from
+    those of the errors it was raised from or while handling; returns ``error``."""
+    pending, done = [error], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in done:
+            continue
+        done.add(id(current))
+        current.args = tuple(withheld(a) if isinstance(a, str) else a for a in current.args)
+        for name in ("strerror", "filename", "filename2", "msg"):  # OSError's, urllib's
+            if isinstance(getattr(current, name, None), str):
+                setattr(current, name, withheld(getattr(current, name)))
+        if isinstance(getattr(current, "__notes__", None), list):
+            current.__notes__[:] = [withheld(note) for note in current.__notes__]
+        pending += [current.__cause__, current.__context__]
+    return error
+
+
+def secrets_withheld(function):
+    """``function`` (a generator function too) whose errors show presigned URLs ``withheld``."""
+    if inspect.isgeneratorfunction(function):
+        return functools.wraps(function)(
+            lambda *args, **kwargs: iter_secrets_withheld(function(*args, **kwargs))
+        )
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except Exception as error:
+            withhold_secrets(error)
+            raise
+
+    return call
+
+
+def iter_secrets_withheld(items):
+    """Iterate over ``items``; an error on the way shows presigned URLs ``withheld``."""
+    try:
+        yield from items
+    except Exception as error:
+        withhold_secrets(error)
+        raise
 
 
 # sending one twice does no more than once

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from braceexpand import braceexpand
 
-from .httpclient import file_name, is_url, unsigned
+from .httpclient import file_name, is_url, secrets_withheld, unsigned
 
 
 def split_member(name):
@@ -32,6 +32,7 @@ class ShardError(ValueError):
     member it needs."""
 
 
+@secrets_withheld
 def expand_shards(shards):
     """The shard list as strings: a brace pattern, a path or URL, or a list of those, each expanded
     as bash (and webdataset) expand braces: ``"train-{000..009}.tar"`` gives ten names,

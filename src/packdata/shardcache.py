@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .atomic import temporary_prefix, written_atomically
 from .compression import decompressed, is_tar
-from .httpclient import file_name, unsigned
+from .httpclient import file_name, secrets_withheld, unsigned
 from .readahead import fetched_ahead
 from .shardread import fetch_shard
 from .tario import BLOCK, END_OF_TAR, TarFormatError
@@ -149,6 +149,7 @@ class ShardCache:
     def _lock_file(self, name, kind):
         return self.root / ".locks" / f"{name}.{kind}"
 
+    @secrets_withheld
     def pin(self, url):
         """The shard at ``url`` in the cache, downloaded first unless it is there (or another
         process is downloading it: then wait for that download). Returns a ``Pin``; release it
@@ -248,6 +249,7 @@ class ShardCache:
         lines = self.journal.read_text().splitlines()[since:]
         return [_event(line) for line in lines]
 
+    @secrets_withheld
     def read(self, url):
         """The bytes of the shard at ``url`` (decompressed, as ``shardread.read_shard`` gives
         them), through the cache. They stay readable after eviction: removing a file leaves its
@@ -258,6 +260,7 @@ class ShardCache:
         finally:
             pin.release()
 
+    @secrets_withheld
     def fetched(self, urls, ahead=None):
         """Yield the local path of each of ``urls`` in turn while a background thread downloads the
         next ``ahead`` (default: the cache's). Each shard stays pinned from its fetch until the next
@@ -299,6 +302,7 @@ class PrefetchedReads:
     def __init__(self, prefetched):
         self._prefetched = prefetched
 
+    @secrets_withheld
     def __call__(self, url):
         expected, path = next(self._prefetched, (None, None))
         if expected != url:

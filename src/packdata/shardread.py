@@ -18,7 +18,7 @@ from itertools import islice
 
 from .compression import decompressed
 from .fields import image_field
-from .httpclient import HttpClient, is_url
+from .httpclient import HttpClient, is_url, secrets_withheld
 from .images import decode_image
 from .layout import expand_shards, group_samples, is_meta, members_of, raise_now, split_member
 from .tarscan import scan_buffer, scan_readable
@@ -31,6 +31,7 @@ def client_for(base_url):
     return HttpClient(base_url)
 
 
+@secrets_withheld
 def read_shard(shard):
     """The tar bytes of one shard, decompressed when it is a ``.tar.gz`` (or bzip2, or xz): one read
     of a local file, or one GET of an ``http://`` URL."""
@@ -61,6 +62,7 @@ def mapped(path):
         return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
 
 
+@secrets_withheld
 def count_shard_samples(shard, read=read_shard, damaged="raise"):
     """The number of samples (distinct keys) in one shard, from its headers; ``read(shard)`` gives
     its bytes. Damage raises; with ``damaged="count"`` the keys of the members before it count
@@ -81,6 +83,7 @@ def _samples_in(data, shard, members):
     return group_samples(named, shard, raise_now)
 
 
+@secrets_withheld
 def iter_shard_samples(shards):
     """The samples (``{"__key__", "__url__", ext: bytes}``) of each shard in turn; problems raise,
     naming the shard."""
@@ -89,6 +92,7 @@ def iter_shard_samples(shards):
         yield from _samples_in(data, shard, scan_buffer(data, shard))
 
 
+@secrets_withheld
 def describe_shard(shard):
     """``{"shard", "samples", "members", "bytes", "extensions": {ext: count}, "member_sizes":
     [(name, size)]}`` of one shard, from one read of it; ``member_sizes`` lists every regular file,

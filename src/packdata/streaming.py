@@ -33,7 +33,7 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from .compression import CompressionError
 from .fields import decode_field, image_field
-from .httpclient import is_url
+from .httpclient import is_url, iter_secrets_withheld, secrets_withheld, withheld
 from .images import IMAGE_FIELDS, check_decoder
 from .layout import (
     ShardError,
@@ -330,7 +330,7 @@ class Skips:
     def __call__(self, error, shard=None):
         kind = 1 if isinstance(error, DamagedShard) else 0 if shard is not None else 2
         self.counts[kind] += 1
-        self.reasons.append(str(error))
+        self.reasons.append(withheld(str(error)))
 
     def __bool__(self):
         return any(self.counts)
@@ -407,7 +407,8 @@ class ShardDataset(IterableDataset):
       undecoded bytes over in shared memory).
     - ``errors="skip"``: leave out unreadable shards and bad samples, and warn with their count at
       the end of each worker's epoch (also kept in ``last_skips`` when iterating in this process);
-      default ``"raise"``.
+      default ``"raise"``. Errors and warnings name a presigned URL with its secrets
+      ``(withheld)`` (``httpclient.withheld``); a sample's ``__url__`` is the whole URL.
     - ``equalize=True``: every rank yields the same number of samples per epoch (the smallest
       rank's); the surplus is left out (a different part each epoch when the shard order is
       shuffled). Equal samples are not yet equal steps: each DataLoader worker batches its own
@@ -567,6 +568,7 @@ class ShardDataset(IterableDataset):
         ours = [left(split(layout.rank, worker, layout.num_workers)) for worker in workers]
         return mine, equal_quotas(ours, min(per_rank))[layout.worker]
 
+    @secrets_withheld
     def sizes(self):
         """``{shard: number of samples}``, counted (one read per shard) the first time it is needed.
         With ``errors="skip"`` a shard that cannot be read counts 0 (iterating skips it, and counts
@@ -584,6 +586,7 @@ class ShardDataset(IterableDataset):
                 raise
             return 0
 
+    @secrets_withheld
     def __len__(self):
         """Samples this rank yields this epoch (not batches). After ``load_state_dict`` of this
         epoch, those still to come: of the rest of an epoch, or of a worker's state when this
@@ -605,7 +608,7 @@ class ShardDataset(IterableDataset):
         return 0 if progress.done else max(quota - progress.yielded, 0)
 
     def __iter__(self):
-        return self.iterate(*_worker())
+        return iter_secrets_withheld(self.iterate(*_worker()))
 
     def iterate(self, worker=0, num_workers=1):
         """The pipeline ``__iter__`` runs in worker ``worker`` of ``num_workers``, or resumes."""
