@@ -86,6 +86,7 @@ WHOLE, CUT = "shard files read whole", "shard files cut at known offsets"
 AT_OFFSETS = "members read at known offsets"
 FIRST = "ours, first epoch"
 ONE_CORE, TWO_PROCESSES = "decode and crop, one process", "decode and crop, two processes"
+TORCHCODEC = "decode by TorchCodec and crop, one process"
 PER_FILE, SHARDED, LOCAL = "per-file", "shards", "shards, local files (no store)"
 LISTS = "shards, each batch lists of bytes"  # the default collate: pickled through a pipe
 HANDED = "whole shard files, shared memory, nothing parsed"  # what workers can hand over
@@ -339,35 +340,40 @@ def read_at_known_offsets(paths, spans):
     return samples
 
 
-def decode_and_crop(payloads):
-    """What a loader's worker does to each image: decode it, then ``TRANSFORM``."""
+def decode_and_crop(payloads, decoder="pil"):
+    """What a loader's worker does to each image: decode it (``images.decode_image``), then
+    ``TRANSFORM``."""
     for payload in payloads:
-        TRANSFORM(decode_image(payload))
+        TRANSFORM(decode_image(payload, decoder))
 
 
-def decode_when_told(ready, go, payloads):
+def decode_when_told(ready, go, payloads, decoder):
     """A ``Decoders`` process: one thread, as in a DataLoader worker (torch's thread pool does not
-    survive a fork); say it is ready, wait for the start, decode and crop."""
+    survive a fork); decode one image untimed (TorchCodec loads on first use), say it is ready,
+    wait for the start, decode and crop."""
     torch.set_num_threads(1)
+    decode_image(payloads[0], decoder)
     ready.wait()
     go.wait()
-    decode_and_crop(payloads)
+    decode_and_crop(payloads, decoder)
 
 
 class Decoders:
-    """Decode and crop ``payloads`` split over ``count`` forked processes, nothing sent back: the
-    ceiling for as many workers. ``start`` forks them and waits until all are ready (not timed);
-    ``run`` lets them go and waits for all."""
+    """Decode (with ``decoder``) and crop ``payloads`` split over ``count`` forked processes,
+    nothing sent back: the ceiling for as many workers. ``start`` forks them and waits until all
+    are ready (not timed); ``run`` lets them go and waits for all."""
 
-    def __init__(self, payloads, count):
-        self.payloads, self.count, self.go, self.processes = payloads, count, None, []
+    def __init__(self, payloads, count, decoder="pil"):
+        self.payloads, self.count, self.decoder = payloads, count, decoder
+        self.go, self.processes = None, []
 
     def start(self):
         context = multiprocessing.get_context("fork")
         ready, self.go = context.Barrier(self.count + 1), context.Barrier(self.count + 1)
         self.processes = [
             context.Process(
-                target=decode_when_told, args=(ready, self.go, self.payloads[part :: self.count])
+                target=decode_when_told,
+                args=(ready, self.go, self.payloads[part :: self.count], self.decoder),
             )
             for part in range(self.count)
         ]
@@ -572,10 +578,13 @@ def payloads(setup):
 
 
 def measure_ceiling(setup, results, repeats):
-    """Decoding and cropping alone, in one plain process."""
-    print(f"\n{setup.name}: the decode ceiling")
-    one = Decoders(payloads(setup), 1)
-    results.measure_in_turn("ceiling", {ONE_CORE: one.run}, repeats.slow, before=one.start)
+    """Decoding and cropping alone, in one plain process; the same with TorchCodec's decoder, in
+    turn."""
+    print(f"\n{setup.name}: the decode ceiling, and TorchCodec's")
+    one, codec = Decoders(payloads(setup), 1), Decoders(payloads(setup), 1, "torchcodec")
+    runs = {ONE_CORE: one.run, TORCHCODEC: codec.run}
+    before = {ONE_CORE: one.start, TORCHCODEC: codec.start}
+    results.measure_in_turn("ceiling", runs, repeats.slow, before=before)
 
 
 def measure_judged(setup, results, repeats):
@@ -760,7 +769,23 @@ def ceilings(photo_results, fresh_page_us):
         },
         network_bound(photo_results),
         reader_gap(photo_results),
+        decoders(photo_results),
     ]
+
+
+def decoders(photo_results):
+    """TorchCodec's JPEG decoder against PIL's, which the loaders use, each with the crop."""
+    us = photo_results.microseconds
+    return {
+        "what": "decode and crop with TorchCodec / with PIL, one process",
+        "value": photo_results.median(f"ceiling/{TORCHCODEC}")
+        / photo_results.median(f"ceiling/{ONE_CORE}"),
+        "format": "{:.2f}×",
+        "meaning": f"{us(f'ceiling/{TORCHCODEC}'):,.0f} against {us(f'ceiling/{ONE_CORE}'):,.0f} "
+        "µs a photo; the loaders above decode with PIL, as torchvision's `ImageFolder` does "
+        "(`decoder='torchcodec'` picks TorchCodec in packdata's datasets), and every decoded "
+        "figure would move by about this much with it",
+    }
 
 
 def reader_gap(photo_results):

@@ -27,7 +27,8 @@ def test_quick_benchmark_writes_report_and_judges_nothing(tmp_path):
     # every target is measured on the photos, in turn (two rounds in quick mode), never judged
     assert len(results["ratios"]) == 6
     assert all(ratio["met"] is None and len(ratio["rounds"]) == 2 for ratio in results["ratios"])
-    assert len(results["ceilings"]) == 6
+    assert len(results["ceilings"]) == 7  # TorchCodec against PIL among them
+    assert f"ceiling/{load_report().TORCHCODEC}" in results["rates"]["photos"]
     assert all(math.isfinite(ceiling["value"]) for ceiling in results["ceilings"])
     assert len(results["handover"]) == 4 and sum(row["chosen"] for row in results["handover"]) == 1
     photos, shapes = results["rates"]["photos"], results["rates"]["shapes"]
