@@ -14,9 +14,10 @@ import warnings
 import pytest
 from torch.utils.data import DataLoader
 
-from packdata import imagefolder, s3, shardwrite, tarscan
+from packdata import cli, imagefolder, mapshards, s3, shardread, shardwrite, tarscan, transfer
 from packdata.datasets import IndexedTarDataset
-from packdata.httpclient import file_name, unsigned, withheld, withhold_secrets
+from packdata.httpclient import file_name
+from packdata.presigned import unsigned, withheld, withhold_secrets
 from packdata.shardcache import HIT, MISS, ShardCache
 from packdata.streaming import ShardDataset
 
@@ -161,13 +162,17 @@ def test_only_the_signature_is_left_out_of_a_presigned_url():
 def test_errors_show_a_presigned_url_without_its_secrets():
     token = "&X-Amz-Security-Token=t0k3n"
     signed = "http://h/b/a.tar?X-Amz-Credential=k%2F1&X-Amz-Date=D&X-Amz-Signature=ab12" + token
-    assert withheld(f"GET {signed} failed") == (
+    shown = withheld(f"GET {signed} failed")
+    assert shown == (
         "GET http://h/b/a.tar?X-Amz-Credential=(withheld)&X-Amz-Date=D"
         "&X-Amz-Signature=(withheld)&X-Amz-Security-Token=(withheld) failed"
     )
-    assert withheld("http://h/a.tar?AWSAccessKeyId=k&Signature=x%2B&Expires=9") == (
-        "http://h/a.tar?AWSAccessKeyId=(withheld)&Signature=(withheld)&Expires=9"
+    assert withheld(shown) == shown  # withheld twice, as an error passes two entry points
+    assert withheld("(http://h/a.tar?AWSAccessKeyId=k&Signature=x%2B&Expires=9): cut") == (
+        "(http://h/a.tar?AWSAccessKeyId=(withheld)&Signature=(withheld)&Expires=9): cut"
     )
+    local = "/scratch/run?signature=1/a.tar is missing"  # a path's '?' is part of a name
+    assert withheld(local) == local
     try:
         try:
             raise FileNotFoundError(2, "gone", signed)
@@ -176,6 +181,36 @@ def test_errors_show_a_presigned_url_without_its_secrets():
     except ValueError as error:
         text = "".join(traceback.format_exception(withhold_secrets(error)))
     assert "ab12" not in text and "t0k3n" not in text and text.count("(withheld)") == 6
+
+
+@pytest.fixture(scope="module")
+def presigned(server, shard_paths, tmp_path_factory):
+    """``{name: presigned URL}`` in a bucket of its own: a good shard, a missing one, one cut in a
+    member, one cut right after a member (no end-of-archive blocks); ``"again"``: the good shard
+    presigned once more."""
+    client = s3.client()
+    client.create_bucket(Bucket="secret")
+    folder = tmp_path_factory.mktemp("damaged")
+    data = shard_paths[0].read_bytes()
+    (folder / "cut.tar").write_bytes(data[:3000])
+    first_two = tarscan.scan_buffer(data, "first")[1]  # (name, start, size) of member 1
+    (folder / "noend.tar").write_bytes(data[: first_two[1] + first_two[2] + -first_two[2] % 512])
+    s3.upload_files([shard_paths[0], folder / "cut.tar", folder / "noend.tar"], "secret")
+
+    def sign(key, expires_s=3600):
+        return client.generate_presigned_url(
+            "get_object", Params={"Bucket": "secret", "Key": key}, ExpiresIn=expires_s
+        )
+
+    names = {"good": shard_paths[0].name, "missing": "missing.tar", "cut": "cut.tar"}
+    urls = {name: sign(key) for name, key in names.items()} | {"noend": sign("noend.tar")}
+    return urls | {"again": sign(shard_paths[0].name, expires_s=60)}
+
+
+def assert_withheld(text, url):
+    secrets = re.findall(r"(?:Signature|Credential)=([^&]+)", url)
+    assert file_name(url) in text and "X-Amz-Signature=(withheld)" in text
+    assert not any(secret in text for secret in secrets), text
 
 
 def shown_errors(urls, **options):
@@ -195,28 +230,29 @@ def shown_errors(urls, **options):
 
 
 @pytest.mark.parametrize("cached", [False, True])
-def test_a_shard_that_fails_is_named_without_its_signature(server, shard_paths, tmp_path, cached):
-    client = s3.client()
-    client.create_bucket(Bucket="secret")
-    cut = tmp_path / "cut.tar"
-    cut.write_bytes(shard_paths[0].read_bytes()[:3000])
-    s3.upload_files([shard_paths[0], cut], "secret")
-
-    def presigned(key, expires_s=3600):
-        return client.generate_presigned_url(
-            "get_object", Params={"Bucket": "secret", "Key": key}, ExpiresIn=expires_s
-        )
-
-    good = presigned(shard_paths[0].name)
+def test_a_shard_that_fails_is_named_without_its_signature(presigned, tmp_path, cached):
     options = {"cache": ShardCache(tmp_path / "cache", max_bytes=10**9)} if cached else {}
-    for bad in (presigned("missing.tar"), presigned("cut.tar")):
-        secrets = re.findall(r"(?:Signature|Credential)=([^&]+)", bad)
-        for text in shown_errors([good, bad], **options):
-            assert file_name(bad) in text and "X-Amz-Signature=(withheld)" in text
-            assert not any(secret in text for secret in secrets), text
+    for bad in (presigned["missing"], presigned["cut"]):
+        for text in shown_errors([presigned["good"], bad], **options):
+            assert_withheld(text, bad)
     with pytest.raises(ValueError, match="more than once") as raised:  # it names both URLs
-        ShardDataset([good, presigned(shard_paths[0].name, expires_s=60)], decode=False)
-    assert re.search(r"Signature=[0-9a-f]", str(raised.value)) is None
+        ShardDataset([presigned["good"], presigned["again"]], decode=False)
+    assert_withheld(str(raised.value), presigned["again"])
+
+
+def test_other_entry_points_name_a_shard_without_its_signature(presigned, tmp_path, capsys):
+    with pytest.warns(UserWarning, match="without its end-of-archive blocks") as caught:
+        shardread.count_shard_samples(presigned["noend"])
+    assert_withheld(str(caught[0].message), presigned["noend"])
+    with pytest.raises(FileNotFoundError) as raised:
+        transfer.stage([presigned["missing"]], tmp_path / "scratch", progress=False)
+    assert_withheld(str(raised.value), presigned["missing"])
+    with pytest.raises(FileNotFoundError) as raised:  # the task's own error, not a wrapper's
+        mapshards.map_shards(print, [presigned["missing"]], tmp_path / "mapped", progress=False)
+    assert_withheld(str(raised.value), presigned["missing"])
+    with pytest.raises(SystemExit):
+        cli.main(["shards", "list", presigned["cut"]])
+    assert_withheld(capsys.readouterr().err, presigned["cut"])
 
 
 def test_range_reads_refuse_a_presigned_url_by_name(server, shard_paths):

@@ -19,10 +19,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from packdata import imagefolder, plaingroup, streaming, tario, tarscan
-from packdata.httpclient import withheld
 from packdata.images import decode_image
 from packdata.layout import ShardError, expand_shards
 from packdata.netstore import NetworkStore
+from packdata.presigned import withheld
 from packdata.shardwrite import write_shards, write_tar
 from packdata.streaming import (
     ShardDataset,

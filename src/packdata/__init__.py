@@ -13,6 +13,7 @@ Bytes and processes
 - ``torchrunenv`` — one rank's torchrun variables for a block: this process and its new workers
 - ``ports``       — a free TCP port on loopback
 - ``childserver`` — a server in a process of its own, started by a command, stopped by a line
+- ``presigned``   — a presigned URL's one name however signed, its secrets kept out of messages
 - ``httpclient``  — keep-alive HTTP client, a seekable file over Range GETs, file versions (ETags)
 - ``images``      — JPEG encode, decode with PIL or TorchCodec, raw ``.npy`` pixels, payloads
 - ``fields``      — a sample's fields from bytes: which member is the image, json, txt, npy

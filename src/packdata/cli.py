@@ -9,6 +9,8 @@ import sys
 from itertools import islice
 from pathlib import Path
 
+from .presigned import withheld
+
 
 def _make_data(args):
     from . import photos, synthetic
@@ -298,7 +300,7 @@ def main(argv=None):
         return args.run(args) or 0
     # bad input, or a course verb without the course tools: one clear line, no traceback
     except (ValueError, OSError, CourseToolsMissing) as error:
-        parser.exit(2, f"packdata {args.verb}: error: {error}\n")
+        parser.exit(2, f"packdata {args.verb}: error: {withheld(str(error))}\n")
 
 
 if __name__ == "__main__":

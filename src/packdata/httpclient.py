@@ -11,18 +11,16 @@ lets a reader ask for the version of a file it indexed, so a file replaced meanw
 ``FileChangedError`` instead of handing out bytes from the wrong offsets.
 """
 
-import functools
 import http.client
-import inspect
 import io
 import os
-import re
 import threading
 import urllib.parse
 from http import HTTPStatus
 from pathlib import PurePosixPath
 
 from .perprocess import PerProcessHandle
+from .presigned import withheld
 
 
 def is_url(source):
@@ -34,91 +32,6 @@ def file_name(source):
     """The file name of a local path or of a URL's path (a presigned URL's query left out)."""
     source = str(source)
     return PurePosixPath(urllib.parse.urlsplit(source).path if is_url(source) else source).name
-
-
-# query parameters that only sign a URL (S3's signature versions 4 and 2): the same object
-# presigned again, for a later job, gets new ones
-SIGNING_PREFIX = "x-amz-"
-SIGNING_PARAMETERS = frozenset({"awsaccesskeyid", "signature", "expires"})
-
-
-def unsigned(url):
-    """``url`` without the query parameters that sign it, so that one object presigned twice has
-    one name; the others (an S3 ``versionId``, say) stay, as they choose what is read. A local
-    path, which has no query (a ``?`` in it is part of a name), comes back as it is."""
-    if not is_url(url):
-        return url
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    kept = [(name, value) for name, value in query if not _signs(name.lower())]
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
-
-
-def _signs(parameter):
-    return parameter.startswith(SIGNING_PREFIX) or parameter in SIGNING_PARAMETERS
-
-
-# the values in a presigned URL that grant access (the signature, the key that made it, a session's
-# token): whoever holds them reads the object until the URL expires
-SECRETS = re.compile(
-    r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|awsaccesskeyid)=)"
-    r"[^&#\s'\"]*"
-)
-WITHHELD = "(withheld)"
-
-
-def withheld(text):
-    """``text`` with the secret values of every presigned URL in it replaced by ``WITHHELD``: how
-    errors and warnings show a URL, so that a log or traceback can be shared. The rest of the URL
-    (host, path, ``X-Amz-Date``, ``X-Amz-Expires``) stays, to tell which object and when it
-    expired."""
-    return SECRETS.sub(rf"\g<1>{WITHHELD}", text)
-
-
-def withhold_secrets(error):
-    """Withhold presigned URLs' secrets (``withheld``) from ``error``'s message and notes, and from
-    those of the errors it was raised from or while handling; returns ``error``."""
-    pending, done = [error], set()
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in done:
-            continue
-        done.add(id(current))
-        current.args = tuple(withheld(a) if isinstance(a, str) else a for a in current.args)
-        for name in ("strerror", "filename", "filename2", "msg"):  # OSError's, urllib's
-            if isinstance(getattr(current, name, None), str):
-                setattr(current, name, withheld(getattr(current, name)))
-        if isinstance(getattr(current, "__notes__", None), list):
-            current.__notes__[:] = [withheld(note) for note in current.__notes__]
-        pending += [current.__cause__, current.__context__]
-    return error
-
-
-def secrets_withheld(function):
-    """``function`` (a generator function too) whose errors show presigned URLs ``withheld``."""
-    if inspect.isgeneratorfunction(function):
-        return functools.wraps(function)(
-            lambda *args, **kwargs: iter_secrets_withheld(function(*args, **kwargs))
-        )
-
-    @functools.wraps(function)
-    def call(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        except Exception as error:
-            withhold_secrets(error)
-            raise
-
-    return call
-
-
-def iter_secrets_withheld(items):
-    """Iterate over ``items``; an error on the way shows presigned URLs ``withheld``."""
-    try:
-        yield from items
-    except Exception as error:
-        withhold_secrets(error)
-        raise
 
 
 # sending one twice does no more than once
@@ -287,8 +200,8 @@ class HttpRangeFile(io.RawIOBase):
         super().__init__()
         if urllib.parse.urlsplit(url).query:
             raise ValueError(
-                f"{url}: range reads here take a URL without a query, and a presigned URL's "
-                "signature would be lost; read the object through s3fs, or download it whole"
+                f"{withheld(url)}: range reads here take a URL without a query, and a presigned "
+                "URL's signature would be lost; read the object through s3fs, or download it whole"
             )
         base_url, _, quoted_relpath = url.rpartition("/")
         self.name = url

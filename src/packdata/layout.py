@@ -16,7 +16,8 @@ from pathlib import Path
 
 from braceexpand import braceexpand
 
-from .httpclient import file_name, is_url, secrets_withheld, unsigned
+from .httpclient import file_name, is_url
+from .presigned import secrets_withheld, unsigned
 
 
 def split_member(name):
@@ -67,7 +68,7 @@ def expand_shards(shards):
 def _one_spelling(name):
     """A local path as one absolute path (``a.tar``, ``./a.tar`` and ``/cwd/a.tar`` are one shard;
     links are not followed: that would touch the file system for every shard); a URL as its parts,
-    without its signature (``httpclient.unsigned``: one object presigned twice), its scheme and
+    without its signature (``presigned.unsigned``: one object presigned twice), its scheme and
     host in lower case, its path's %-escapes decoded and its ``.`` and ``..`` segments resolved
     (``http://Host/./%74rain.tar`` is ``("http", "host", "/train.tar", "", "")``)."""
     if not is_url(name):

@@ -27,6 +27,7 @@ from .atomic import temporary_prefix
 from .httpclient import is_url
 from .images import ENCODED_IMAGES, resize_short_side
 from .layout import expand_shards, local_targets, members_of
+from .presigned import secrets_withheld, withheld
 from .shardread import count_shard_samples, iter_shard_samples
 from .shardwrite import check_sample, write_tar
 from .tario import member_bytes
@@ -101,6 +102,7 @@ def resize_shard(job, size=32):
     return target, samples
 
 
+@secrets_withheld
 def map_shard(function, shard, target):
     """Write ``function(sample)`` (``{extension: bytes}``, or None to drop it) for every sample of
     ``shard`` into the shard ``target``, atomically; returns ``(target, samples written)``. An
@@ -128,6 +130,7 @@ def _mapped(function, sample):
     return key, members
 
 
+@secrets_withheld
 def map_shards(function, shards, out_dir, processes=2, progress=True, executor=None):
     """Run ``map_shard`` on every shard, one task per shard, each output named like its input in
     ``out_dir`` (two inputs with the same file name, in different folders, are refused, and so is
@@ -197,8 +200,8 @@ def _result(future, item):
     try:
         return future.result()
     except Exception as error:
-        shard = item[0]
-        if shard in str(error):
+        shard = withheld(item[0])
+        if shard in withheld(str(error)):  # a task's error comes back withheld
             raise
         raise RuntimeError(
             f"{shard}: its task did not finish: {type(error).__name__}: {error}"

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from .atomic import temporary_prefix, written_atomically
 from .compression import decompressed, is_tar
-from .httpclient import file_name, secrets_withheld, unsigned
+from .httpclient import file_name
+from .presigned import secrets_withheld, unsigned
 from .readahead import fetched_ahead
 from .shardread import fetch_shard
 from .tario import BLOCK, END_OF_TAR, TarFormatError

@@ -18,9 +18,10 @@ from itertools import islice
 
 from .compression import decompressed
 from .fields import image_field
-from .httpclient import HttpClient, is_url, secrets_withheld
+from .httpclient import HttpClient, is_url
 from .images import decode_image
 from .layout import expand_shards, group_samples, is_meta, members_of, raise_now, split_member
+from .presigned import secrets_withheld
 from .tarscan import scan_buffer, scan_readable
 
 

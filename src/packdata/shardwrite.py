@@ -30,6 +30,7 @@ from .atomic import written_atomically
 from .images import checked_suffix
 from .layout import members_of
 from .perprocess import map_in_processes
+from .presigned import secrets_withheld
 from .samples import sample_source
 from .shardread import iter_shard_samples
 from .tario import END_OF_TAR, tar_member
@@ -278,6 +279,7 @@ def write_tar(path, samples):
     return ShardInfo(Path(path), count, size + len(END_OF_TAR))
 
 
+@secrets_withheld
 def cat_shards(shards, output):
     """Concatenate shards into one tar at ``output`` (written atomically); a key in two shards is
     refused."""

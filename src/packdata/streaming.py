@@ -33,7 +33,7 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from .compression import CompressionError
 from .fields import decode_field, image_field
-from .httpclient import is_url, iter_secrets_withheld, secrets_withheld, withheld
+from .httpclient import is_url
 from .images import IMAGE_FIELDS, check_decoder
 from .layout import (
     ShardError,
@@ -46,6 +46,7 @@ from .layout import (
 )
 from .memberread import member_tuples
 from .plaingroup import plain_tuples
+from .presigned import iter_secrets_withheld, secrets_withheld, withheld
 from .readahead import ReadAhead
 from .resume import (
     WHOLE,
@@ -408,7 +409,7 @@ class ShardDataset(IterableDataset):
     - ``errors="skip"``: leave out unreadable shards and bad samples, and warn with their count at
       the end of each worker's epoch (also kept in ``last_skips`` when iterating in this process);
       default ``"raise"``. Errors and warnings name a presigned URL with its secrets
-      ``(withheld)`` (``httpclient.withheld``); a sample's ``__url__`` is the whole URL.
+      ``(withheld)`` (``presigned.withheld``); a sample's ``__url__`` is the whole URL.
     - ``equalize=True``: every rank yields the same number of samples per epoch (the smallest
       rank's); the surplus is left out (a different part each epoch when the shard order is
       shuffled). Equal samples are not yet equal steps: each DataLoader worker batches its own
@@ -700,7 +701,8 @@ class ShardDataset(IterableDataset):
         yield from samples
         self.last_skips = skips
         if skips:  # the epoch in the text: Python shows a text once, and each epoch has its own
-            warnings.warn(f"epoch {self.epoch}: {skips.summary()}", stacklevel=2)
+            # the loop that iterates, past __iter__'s iter_secrets_withheld
+            warnings.warn(f"epoch {self.epoch}: {skips.summary()}", stacklevel=3)
 
 
 def _worker():

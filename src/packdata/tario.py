@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass, replace
 
 from .compression import USTAR_MAGIC, compression_of
+from .presigned import withheld
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
@@ -267,7 +268,8 @@ def negative_size_error(archive, member, size):
 def missing_end_warning(archive, previous):
     """The warning for a tar that ends right after a member, without its two zero blocks."""
     warnings.warn(
-        f"{archive} ends after member {previous!r} without its end-of-archive blocks: read to "
+        f"{withheld(str(archive))} ends after member {previous!r} without its end-of-archive "
+        "blocks: read to "
         "there, as tar reads it (was the file cut short at a member's end?)",
         stacklevel=3,
     )

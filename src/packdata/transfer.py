@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from .atomic import written_atomically
 from .imagefolder import load_manifest
 from .layout import expand_shards, local_targets
+from .presigned import secrets_withheld
 from .shardread import fetch_shard
 from .shardwrite import write_shards
 
@@ -79,6 +80,7 @@ def upload_objects(client, dataset, root, indices=None, threads=8, progress=True
     return flat
 
 
+@secrets_withheld
 def upload_shards(
     client,
     dataset,
@@ -126,6 +128,7 @@ def _download(url, target):
     return target
 
 
+@secrets_withheld
 def stage(urls, scratch, threads=4, progress=True):
     """Copy shards (``http://`` URLs, a brace pattern or paths) into the local folder ``scratch``,
     in parallel; files already there are kept (each was copied whole: a run stopped part-way goes
