@@ -941,7 +941,9 @@ def targets_section(ratios, small):
         "(`memberread`) and reads where it says after that, as a training job's second epoch "
         "does; its first epoch, every header walked, is reported beside it and not judged. "
         "Our stream against webdataset, decoded, is reported but is no target on the photos: both "
-        "spend their time decoding, and their rounds overlap.",
+        "spend their time decoding, and part of the gap is the decoder, not the reader "
+        "(webdataset's `torchrgb8` converts each image to RGB and copies it channels-first; ours "
+        "hands the crop a channels-last view; lesson 5 measures webdataset with ours' decoder).",
         "",
         "| ratio | measured | target | | round by round |",
         "|---|---|---|---|---|",
