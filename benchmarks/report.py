@@ -581,7 +581,8 @@ def measure_ceiling(setup, results, repeats):
     """Decoding and cropping alone, in one plain process; the same with TorchCodec's decoder, in
     turn."""
     print(f"\n{setup.name}: the decode ceiling, and TorchCodec's")
-    one, codec = Decoders(payloads(setup), 1), Decoders(payloads(setup), 1, "torchcodec")
+    images = payloads(setup)  # read once: the two take the same bytes
+    one, codec = Decoders(images, 1), Decoders(images, 1, "torchcodec")
     runs = {ONE_CORE: one.run, TORCHCODEC: codec.run}
     before = {ONE_CORE: one.start, TORCHCODEC: codec.start}
     results.measure_in_turn("ceiling", runs, repeats.slow, before=before)

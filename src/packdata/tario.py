@@ -269,8 +269,7 @@ def missing_end_warning(archive, previous):
     """The warning for a tar that ends right after a member, without its two zero blocks."""
     warnings.warn(
         f"{withheld(str(archive))} ends after member {previous!r} without its end-of-archive "
-        "blocks: read to "
-        "there, as tar reads it (was the file cut short at a member's end?)",
+        "blocks: read to there, as tar reads it (was the file cut short at a member's end?)",
         stacklevel=3,
     )
 
