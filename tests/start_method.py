@@ -17,6 +17,14 @@ run sets it to 1, so that each such loader still starts a spawned worker, which 
 it is sent, but only one. A loader that names its start method keeps its workers (lesson 3's
 ``fork`` race needs four). ``$PACKDATA_PROCESS_LOG``, when set, names a file that gets a line for
 each process started from the kernel: tests/test_lessons.py checks which lessons start none.
+
+``$PACKDATA_SPAWN_ONCE``, when set under ``spawn``, spawns a loader's workers (or the ceiling's
+plain processes) only when they can fail in a way no spawned worker of this kernel has shown yet:
+when what they are sent (a loader's dataset, ``collate_fn`` and ``worker_init_fn``) names a class
+or function that no spawned worker has imported, or one defined in the notebook. Other workers
+come from a forkserver, torch and torchvision preloaded, as in the first run, while the environment
+is the one that server started with (its workers copy the server's environment, spawned ones this
+process's: ``packdata.torchrunenv``).
 """
 
 
@@ -59,6 +67,94 @@ def start():
 
     for loader in (DataLoader, StatefulDataLoader):
         loader.__init__ = capped(loader.__init__)
+    if method == "spawn" and os.environ.get("PACKDATA_SPAWN_ONCE"):
+        spawn_once(DataLoader, StatefulDataLoader)
+
+
+def spawn_once(*loaders):
+    """Give each of ``loaders``, and the ceiling's plain processes, the forkserver when spawning
+    their workers would show nothing new."""
+    import functools
+    import inspect
+    import multiprocessing
+    import os
+    import pickle
+    from multiprocessing import forkserver
+
+    from packdata.ceiling import PlainProcesses
+
+    spawned, server = set(), {}  # names spawned workers imported; the server's environment
+
+    class Discard:
+        def write(self, data):
+            pass
+
+    class Names(pickle.Pickler):
+        """A pickler that keeps only the names of the classes and functions it meets."""
+
+        def __init__(self):
+            super().__init__(Discard())
+            self.names = set()
+
+        def reducer_override(self, obj):
+            if callable(obj) and hasattr(obj, "__qualname__"):
+                self.names.add((getattr(obj, "__module__", None), obj.__qualname__))
+            return NotImplemented
+
+    def forkable():
+        """Whether a forkserver's workers would see this process's environment."""
+        if not server and forkserver._forkserver._forkserver_pid is not None:
+            server["environ"] = None  # started before us, with an environment we did not see
+        return server.setdefault("environ", dict(os.environ)) == os.environ
+
+    def start_method(sent):
+        """``"forkserver"`` when workers sent ``sent`` would import only what spawned ones did,
+        else None (the default, spawn); the names count as spawned from here on."""
+        names = Names()
+        try:
+            names.dump(sent)
+        except Exception:  # the workers will fail as they start: let them, spawned
+            return None
+        known = names.names <= spawned and forkable()
+        if not any(module == "__main__" for module, _ in names.names):
+            spawned.update(names.names)
+        return "forkserver" if known else None
+
+    def marked(made):
+        @functools.wraps(made)
+        def init(self, *args, **kwargs):
+            made(self, *args, **kwargs)
+            self.default_start = self.multiprocessing_context is None
+
+        return init
+
+    def decided(iterate):
+        @functools.wraps(iterate)
+        def iter_(self):
+            if getattr(self, "default_start", False) and self.num_workers:
+                sent = (self.dataset, self.collate_fn, self.worker_init_fn)
+                self.multiprocessing_context = start_method(sent)
+            return iterate(self)
+
+        return iter_
+
+    def plain(made):
+        signature = inspect.signature(made)
+
+        @functools.wraps(made)
+        def init(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            if bound.arguments.get("context") is None:
+                bound.arguments["context"] = start_method(bound.arguments["work"])
+            made(*bound.args, **bound.kwargs)
+
+        return init
+
+    multiprocessing.set_forkserver_preload(["torch", "torchvision"])
+    for loader in loaders:
+        loader.__init__ = marked(loader.__init__)
+        loader.__iter__ = decided(loader.__iter__)
+    PlainProcesses.__init__ = plain(PlainProcesses.__init__)
 
 
 start()

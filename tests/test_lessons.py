@@ -13,7 +13,9 @@ more with ``spawn``, the default on macOS and Windows (those that start processe
 others would run as before), where each worker imports torch again (1.5
 to 3.5 s of CPU with torchvision). To keep that affordable, each loader that starts workers by
 the default method starts only one (``$PACKDATA_MOST_WORKERS``): it must still unpickle what it is
-sent. ``SHORTER_UNDER_SPAWN`` lists the other edits of that run: two rounds instead of three in
+sent. A loader whose workers would import nothing a spawned worker has not imported before starts
+them from a forkserver instead (``$PACKDATA_SPAWN_ONCE``: tests/start_method.py says when).
+``SHORTER_UNDER_SPAWN`` lists the other edits of that run: two rounds instead of three in
 every comparison (and no untimed warm-up round before them), and fewer samples,
 epochs or loaders in the longest measurements; an edit whose text is gone from its lesson fails the
 test. Both methods pickle what they send to a worker, and a forkserver's workers start from a fresh
@@ -111,6 +113,7 @@ def shorter_under_spawn(lesson):
 def test_lesson_runs_under_spawn(lesson, tmp_path, monkeypatch):
     monkeypatch.setenv("PACKDATA_START_METHOD", "spawn")
     monkeypatch.setenv("PACKDATA_MOST_WORKERS", "1")
+    monkeypatch.setenv("PACKDATA_SPAWN_ONCE", "1")
     run_seconds(
         copied(lesson, tmp_path, shorter_under_spawn(lesson)) / lesson.name
     )  # a cell failing unexpectedly raises
