@@ -13,8 +13,9 @@ more with ``spawn``, the default on macOS and Windows (those that start processe
 others would run as before), where each worker imports torch again (1.5
 to 3.5 s of CPU with torchvision). To keep that affordable, each loader that starts workers by
 the default method starts only one (``$PACKDATA_MOST_WORKERS``): it must still unpickle what it is
-sent. A loader whose workers would import nothing a spawned worker has not imported before starts
-them from a forkserver instead (``$PACKDATA_SPAWN_ONCE``: tests/start_method.py says when).
+sent. A loader, or a ceiling's plain processes, whose workers would import nothing a spawned worker
+has not imported before starts them from a forkserver instead (``$PACKDATA_SPAWN_ONCE``:
+tests/start_method.py says when).
 ``SHORTER_UNDER_SPAWN`` lists the other edits of that run: two rounds instead of three in
 every comparison (and no untimed warm-up round before them), and fewer samples,
 epochs or loaders in the longest measurements; an edit whose text is gone from its lesson fails the
