@@ -103,7 +103,7 @@ def spawn_once(*loaders):
 
     def forkable():
         """Whether a forkserver's workers would see this process's environment."""
-        if not server and forkserver._forkserver._forkserver_pid is not None:
+        if not server and getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
             server["environ"] = None  # started before us, with an environment we did not see
         return server.setdefault("environ", dict(os.environ)) == os.environ
 
