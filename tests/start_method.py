@@ -75,6 +75,7 @@ def spawn_once(*loaders):
     """Give each of ``loaders``, and the ceiling's plain processes, the forkserver when spawning
     their workers would show nothing new."""
     import functools
+    import importlib
     import inspect
     import multiprocessing
     import os
@@ -84,6 +85,7 @@ def spawn_once(*loaders):
     from packdata.ceiling import PlainProcesses
 
     spawned, server = set(), {}  # names spawned workers imported; the server's environment
+    preload = ["torch", "torchvision"]
 
     class Discard:
         def write(self, data):
@@ -105,6 +107,9 @@ def spawn_once(*loaders):
         """Whether a forkserver's workers would see this process's environment."""
         if not server and getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
             server["environ"] = None  # started before us, with an environment we did not see
+        elif not server:  # the server will import these first, and they set variables there
+            for name in preload:  # (torchvision sets TORCHINDUCTOR_CACHE_DIR): here too
+                importlib.import_module(name)
         return server.setdefault("environ", dict(os.environ)) == os.environ
 
     def start_method(sent):
@@ -150,7 +155,7 @@ def spawn_once(*loaders):
 
         return init
 
-    multiprocessing.set_forkserver_preload(["torch", "torchvision"])
+    multiprocessing.set_forkserver_preload(preload)
     for loader in loaders:
         loader.__init__ = marked(loader.__init__)
         loader.__iter__ = decided(loader.__iter__)
