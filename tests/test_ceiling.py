@@ -176,3 +176,23 @@ def test_loaders_slower_than_one_process_share_one_line_of_why():
         "the cores"
     )
     assert len(why) <= 110
+
+
+def test_a_ceiling_near_one_is_told_even_when_no_loader_is_slower_than_one_process():
+    # the plain processes gain 1.05× to 1.2×: the loader's share is judged, and the line says
+    # that nothing here could gain much on one process
+    busy = compare.Comparison(
+        {
+            "2 workers": [105, 110, 112],
+            "1 plain process": [100, 100, 100],
+            "2 plain processes": [105, 115, 120],
+        }
+    )
+    allow, line, why = ceiling.verdict(busy, "2 workers", 2).splitlines()
+    assert line.endswith(": the workers use most of what the cores allow")
+    assert why == (
+        "  2 plain processes gain under 1.3× on 1 in every round: this notebook has about one "
+        "core now"
+    )
+    assert len(why) <= 110
+    assert len(ceiling.verdict(judged([160, 150, 171]), "2 workers", 2).splitlines()) == 2

@@ -29,6 +29,7 @@ import torch
 # is its own cost (every batch handed to the main process, which needs a share of the cores too)
 ENOUGH = 0.6
 ABOVE = 1.1  # a loader this far above the plain processes shows a disturbed measurement
+LITTLE = 1.3  # plain processes gaining less on one, in every round, had about one core between them
 
 
 def plain(processes):
@@ -176,8 +177,9 @@ def verdict(
     over ``ABOVE`` judges nothing (the loaders do the plain processes' work and more, so only a
     machine that moved can put them far above it). The share is judged on busy cores too, where
     the ceiling itself is low: loaders slower than one plain process in every round are named in
-    one line more, with that ratio and why. Lines stay short enough for a slide, and a busy machine
-    adds at most one."""
+    one line more, with that ratio and why; else, when the plain processes gained less than
+    ``LITTLE`` on one in every round, that line says so, since no loader could gain much either.
+    Lines stay short enough for a slide, and a busy machine adds at most one."""
     many, one = plain(processes), plain(1)
     allowed = comparison.ratio(many, one)
     lines = [f"the cores this notebook gets allow {allowed:.2f}: {many} / {one}"]
@@ -201,5 +203,10 @@ def verdict(
     if slower:
         lines.append(
             f"  {', '.join(slower)} of {one} in every round: other programs hold the cores"
+        )
+    elif allowed.high < LITTLE:
+        lines.append(
+            f"  {many} gain under {LITTLE}× on 1 in every round: this notebook has about one "
+            "core now"
         )
     return "\n".join(lines)

@@ -64,10 +64,11 @@ REFERENCE_STORAGE = (
     ),
     StorageType(
         "object store (S3-class)",
-        0.1,
+        0.05,
         100e6,
-        "100–200 ms to the first byte of a small object per GET; 85–100 MB/s per connection",
-        "AWS's S3 performance guidelines and S3 pricing",
+        "50 ms to the first byte of a small object per GET (AWS gives medians of tens of ms, "
+        "and elsewhere roughly 100–200 ms); 85–100 MB/s per connection",
+        "AWS's S3 performance guidelines and design patterns, and S3 pricing",
         usd_per_1000_requests=0.0004,
     ),
 )
