@@ -141,15 +141,15 @@ def test_verdict_judges_each_loader_named():
     assert lines[2].endswith(": the workers lose much of what the cores allow")
 
 
+def on_busy_cores(loaders, two_plain=(110, 105, 112)):
+    """A comparison where 2 plain processes gain little on 1 (at 100), with ``loaders``' rates."""
+    plain = {"1 plain process": [100, 100, 100], "2 plain processes": list(two_plain)}
+    return compare.Comparison({**loaders, **plain})
+
+
 def test_a_loader_slower_than_one_process_keeps_its_verdict_and_is_told_why():
     # the cores allow little (1.1×): 80% of that is still less than one process
-    busy = compare.Comparison(
-        {
-            "2 workers": [88, 85, 92],
-            "1 plain process": [100, 100, 100],
-            "2 plain processes": [110, 105, 112],
-        }
-    )
+    busy = on_busy_cores({"2 workers": [88, 85, 92]})
     allow, line, why = ceiling.verdict(busy, "2 workers", 2).splitlines()
     assert line.startswith("2 workers: 80% of what 2 plain processes reach here")
     assert line.endswith(": the workers use most of what the cores allow")  # as on quiet cores
@@ -160,14 +160,7 @@ def test_a_loader_slower_than_one_process_keeps_its_verdict_and_is_told_why():
 
 
 def test_loaders_slower_than_one_process_share_one_line_of_why():
-    busy = compare.Comparison(
-        {
-            "ours": [88, 85, 92],
-            "webdataset": [60, 62, 58],
-            "1 plain process": [100, 100, 100],
-            "2 plain processes": [110, 105, 112],
-        }
-    )
+    busy = on_busy_cores({"ours": [88, 85, 92], "webdataset": [60, 62, 58]})
     allow, ours, theirs, why = ceiling.verdict(busy, ["ours", "webdataset"], 2).splitlines()
     assert ours.endswith(": the workers use most of what the cores allow")
     assert theirs.endswith(": the workers lose much of what the cores allow")
@@ -181,13 +174,7 @@ def test_loaders_slower_than_one_process_share_one_line_of_why():
 def test_a_ceiling_near_one_is_told_even_when_no_loader_is_slower_than_one_process():
     # the plain processes gain 1.05× to 1.2×: the loader's share is judged, and the line says
     # that nothing here could gain much on one process
-    busy = compare.Comparison(
-        {
-            "2 workers": [105, 110, 112],
-            "1 plain process": [100, 100, 100],
-            "2 plain processes": [105, 115, 120],
-        }
-    )
+    busy = on_busy_cores({"2 workers": [105, 110, 112]}, two_plain=(105, 115, 120))
     allow, line, why = ceiling.verdict(busy, "2 workers", 2).splitlines()
     assert line.endswith(": the workers use most of what the cores allow")
     assert why == (
