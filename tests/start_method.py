@@ -36,8 +36,8 @@ def start():
 
     method = os.environ.get("PACKDATA_START_METHOD", "forkserver")
     multiprocessing.set_start_method(method)
-    if method == "forkserver":
-        multiprocessing.set_forkserver_preload(["torch", "torchvision"])
+    preload = ["torch", "torchvision"]  # what a forkserver, if one starts, imports first
+    multiprocessing.set_forkserver_preload(preload)
     if os.environ.get("PACKDATA_PROCESS_LOG"):  # a line for each process started from here
         log, starts = os.environ["PACKDATA_PROCESS_LOG"], multiprocessing.process.BaseProcess.start
 
@@ -68,16 +68,15 @@ def start():
     for loader in (DataLoader, StatefulDataLoader):
         loader.__init__ = capped(loader.__init__)
     if method == "spawn" and os.environ.get("PACKDATA_SPAWN_ONCE"):
-        spawn_once(DataLoader, StatefulDataLoader)
+        spawn_once((DataLoader, StatefulDataLoader), preload)
 
 
-def spawn_once(*loaders):
-    """Give each of ``loaders``, and the ceiling's plain processes, the forkserver when spawning
-    their workers would show nothing new."""
+def spawn_once(loaders, preload):
+    """Give each of ``loaders``, and the ceiling's plain processes, the forkserver (which imports
+    ``preload`` first) when spawning their workers would show nothing new."""
     import functools
     import importlib
     import inspect
-    import multiprocessing
     import os
     import pickle
     from multiprocessing import forkserver
@@ -85,7 +84,6 @@ def spawn_once(*loaders):
     from packdata.ceiling import PlainProcesses
 
     spawned, server = set(), {}  # names spawned workers imported; the server's environment
-    preload = ["torch", "torchvision"]
 
     class Discard:
         def write(self, data):
@@ -105,11 +103,12 @@ def spawn_once(*loaders):
 
     def forkable():
         """Whether a forkserver's workers would see this process's environment."""
-        if not server and getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
-            server["environ"] = None  # started before us, with an environment we did not see
-        elif not server:  # the server will import these first, and they set variables there
-            for name in preload:  # (torchvision sets TORCHINDUCTOR_CACHE_DIR): here too
-                importlib.import_module(name)
+        if not server:
+            if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
+                server["environ"] = None  # started before us, with an environment we did not see
+            else:  # the server imports these first, and they set variables (torchvision sets
+                for name in preload:  # TORCHINDUCTOR_CACHE_DIR): here too, before the snapshot
+                    importlib.import_module(name)
         return server.setdefault("environ", dict(os.environ)) == os.environ
 
     def start_method(sent):
@@ -155,7 +154,6 @@ def spawn_once(*loaders):
 
         return init
 
-    multiprocessing.set_forkserver_preload(preload)
     for loader in loaders:
         loader.__init__ = marked(loader.__init__)
         loader.__iter__ = decided(loader.__iter__)
