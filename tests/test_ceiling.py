@@ -128,9 +128,18 @@ def test_verdict_words_need_every_round_on_one_side():
 
 def test_a_share_far_above_the_ceiling_judges_nothing():
     # the loaders do the plain processes' work and more: only a busy machine puts them far above
-    above = ceiling.verdict(judged([300, 170, 290]), "2 workers", 2)
+    above = ceiling.verdict(judged([300, 210, 290]), "2 workers", 2)
     assert above.endswith("above the ceiling: the machine moved; run it again")
     assert ceiling.verdict(judged([205, 180, 200]), "2 workers", 2).endswith("cores allow")
+
+
+def test_a_median_above_the_ceiling_with_rounds_below_it_is_judged():
+    # one core between them: the loader and the plain processes both gain next to nothing, and
+    # chance puts the median share above 110% while some rounds are at the ceiling or below it
+    busy = on_busy_cores({"2 workers": [125, 118, 100]}, two_plain=(105, 100, 110))
+    line = ceiling.verdict(busy, "2 workers", 2).splitlines()[1]
+    assert line.startswith("2 workers: 112% of what 2 plain processes reach here")
+    assert line.endswith(": the workers use most of what the cores allow")
 
 
 def test_verdict_judges_each_loader_named():

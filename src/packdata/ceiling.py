@@ -173,12 +173,14 @@ def verdict(
     """What the cores allow (``processes`` plain processes against one), then for each of
     ``loaders`` (a run's name, or several) the share of the ceiling it reaches, each with the
     spread of its rounds, a line each. The words judge a share: ``reached`` when every round's is
-    at least ``enough``, ``short`` when none is, else that the rounds straddle it; a median share
-    over ``ABOVE`` judges nothing (the loaders do the plain processes' work and more, so only a
-    machine that moved can put them far above it). The share is judged on busy cores too, where
-    the ceiling itself is low: loaders slower than one plain process in every round are named in
-    one line more, with that ratio and why; else, when the plain processes gained less than
-    ``LITTLE`` on one in every round, that line says so, since no loader could gain much either.
+    at least ``enough``, ``short`` when none is, else that the rounds straddle it; a share over
+    ``ABOVE`` in every round judges nothing (the loaders do the plain processes' work and more, so
+    only a machine that moved can put them far above it; on about one core, where loader and
+    ceiling gain next to nothing, single rounds land above it by chance). The share is judged on
+    busy cores too, where the ceiling itself is low: loaders slower than one plain process in
+    every round are named in one line more, with that ratio and why; else, when the plain
+    processes gained less than ``LITTLE`` on one in every round, that line says so, since no
+    loader could gain much either.
     Lines stay short enough for a slide, and a busy machine adds at most one."""
     many, one = plain(processes), plain(1)
     allowed = comparison.ratio(many, one)
@@ -186,7 +188,8 @@ def verdict(
     slower = []
     for loader in [loaders] if isinstance(loaders, str) else loaders:
         share, gain = comparison.ratio(loader, many), comparison.ratio(loader, one)
-        if share.value > ABOVE:
+        above = share.low > ABOVE
+        if above:
             words = "above the ceiling: the machine moved; run it again"
         elif share.low >= enough:
             words = reached
@@ -198,7 +201,7 @@ def verdict(
             f"{loader}: {share.value:.0%} of what {many} reach here "
             f"(rounds {share.low:.0%} to {share.high:.0%}): {words}"
         )
-        if share.value <= ABOVE and gain.high < 1:
+        if not above and gain.high < 1:
             slower.append(f"{loader} {gain.value:.2f}×")
     if slower:
         lines.append(
