@@ -100,6 +100,18 @@ def test_map_shards_keeps_outputs_already_there_and_maps_only_the_missing(shards
     assert labels_by_key(p for p, _ in again) == labels_by_key(shards)
 
 
+def test_progress_off_a_terminal_is_a_line_each_tenth_of_the_shards(tiny_dataset, tmp_path, capsys):
+    # a notebook's or a log's saved output glues carriage-return progress into one line
+    written = write_shards(tiny_dataset, tmp_path / "in", maxcount=4, progress=False)
+    shards = [info.path for info in written]  # 15: a line every second shard, and the last
+    map_shards(resize_sample, shards, tmp_path / "out", processes=1)
+    lines = capsys.readouterr().out.splitlines()
+    step = -(-len(shards) // 10)
+    done = [*range(step, len(shards), step), len(shards)]
+    assert [line.split()[1] for line in lines] == [f"{n}/{len(shards)}" for n in done]
+    assert not any("\r" in line for line in lines)
+
+
 def test_a_map_into_the_shards_own_folder_is_refused(shards):
     with pytest.raises(ValueError, match="would be its own output: map into another folder"):
         map_shards(resize_sample, shards, shards[0].parent, processes=1, progress=False)

@@ -15,6 +15,7 @@ command over samples, as ``tarproc -c`` does (``packdata shards map``).
 import glob
 import os
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import as_completed
 from functools import partial
@@ -209,18 +210,21 @@ def _result(future, item):
 
 
 def _counted(results, total, progress):
-    """``{target: samples}`` of the ``(target, samples)`` results, printing ``done/total`` on one
-    line as each comes (when ``progress``)."""
+    """``{target: samples}`` of the ``(target, samples)`` results, printing ``done/total`` as each
+    comes (when ``progress``): on one line rewritten in a terminal; elsewhere (a notebook, a log
+    file, saved output where a carriage return glues the lines together) a line each tenth."""
     written = {}
+    rewrite = sys.stdout.isatty()
+    step = 1 if rewrite else -(-total // 10)
     for target, samples in results:
         written[target] = samples
-        if progress:
-            end = "\n" if len(written) == total else ""
-            print(
-                f"\rmapped {len(written)}/{total} shards ({target.name}: {samples})",
-                end=end,
-                flush=True,
-            )
+        done = len(written)
+        if progress and (done % step == 0 or done == total):
+            line = f"mapped {done}/{total} shards ({target.name}: {samples})"
+            if rewrite:
+                print(f"\r{line}", end="\n" if done == total else "", flush=True)
+            else:
+                print(line, flush=True)
     return written
 
 
