@@ -8,6 +8,7 @@ import tempfile
 import uuid
 from concurrent.futures import as_completed, wait
 from pathlib import Path
+from shutil import copyfile
 
 import pytest
 import webdataset as wds
@@ -132,6 +133,49 @@ def temporary_named_as_a_shard(source, target):
     return through(target.with_name(f"tmp-{target.name}"), target, resized(source))
 
 
+def never_closed(source, target):
+    """The writer is never closed: its end-of-archive blocks are never written."""
+    target = Path(target)
+    if target.exists():
+        return 0
+    temporary = target.with_name(f".{target.name}.partial")
+    sink, count = wds.TarWriter(str(temporary)), 0
+    for sample in resized(source):
+        sink.write(sample)
+        count += 1
+    os.replace(temporary, target)
+    return count
+
+
+def copied_onto_target(source, target):
+    """A whole temporary file, copied onto ``target``: the copy itself can be cut by a kill."""
+    target = Path(target)
+    if target.exists():
+        return 0
+    temporary = target.with_name(f".{target.name}.partial")
+    return through(temporary, target, resized(source), move=copy_then_remove)
+
+
+def copy_then_remove(temporary, target):
+    copyfile(temporary, target)  # by a name imported from shutil
+    os.unlink(temporary)
+
+
+def renamed_before_closing(source, target):
+    """Renamed while the writer still holds the last bytes."""
+    target = Path(target)
+    if target.exists():
+        return 0
+    temporary = target.with_name(f".{target.name}.partial")
+    with wds.TarWriter(str(temporary)) as sink:
+        count = 0
+        for sample in resized(source):
+            sink.write(sample)
+            count += 1
+        os.replace(temporary, target)
+    return count
+
+
 def none_when_skipped(source, target):
     return atomic(source, target) or None
 
@@ -194,6 +238,9 @@ def test_a_temporary_file_in_tempfiles_folder_is_named(shards):
         (failure_wrapped, "raised RuntimeError"),
         (temporary_named_as_a_shard, "left tmp-train-000000.tar beside the shards"),
         (none_when_skipped, "returned [None, None, None]: return 0 for a skipped shard"),
+        (never_closed, "the TarWriter was never closed"),
+        (copied_onto_target, "train-000000.tar was copied into place"),
+        (renamed_before_closing, "renamed into place while its TarWriter was still open"),
     ],
 )
 def test_each_unsafe_task_is_named(shards, task, named):

@@ -8,7 +8,10 @@ mistake it sees.
 import io
 import itertools
 import multiprocessing
+import os
+import shutil
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -25,6 +28,9 @@ from .feedback import CheckFailed, passed
 
 SYSTEM_TMP = Path("/tmp")  # where a temporary file goes when a task names the folder itself
 SLOW_JOB = 0  # the job the collect check makes slow: submitted first, done last
+# the exit statuses of a task ended as its writer closes on a file already at `target`, and
+# right after it copied a file onto `target`
+RENAMED_OPEN, COPIED = 75, 76
 
 
 def _samples(paths):
@@ -58,7 +64,15 @@ def _check_outputs(task, jobs, folder):
     missing = [target.name for target in targets if not target.exists()]
     if missing:
         raise CheckFailed(f"no {missing[0]} after its task: write the output at `target`")
-    inputs, outputs = _samples(source for source, _ in jobs), _samples(targets)
+    inputs = _samples(source for source, _ in jobs)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        outputs = _samples(targets)
+    if _unended(warned):
+        raise CheckFailed(
+            "an output ends without tar's end-of-archive blocks: the TarWriter was never "
+            "closed. Close it (end a `with wds.TarWriter(...) as sink:` block) before the rename"
+        )
     if sorted(outputs) != sorted(inputs):
         lost, extra = sorted(set(inputs) - set(outputs)), sorted(set(outputs) - set(inputs))
         which = f"{lost[0]!r} is missing" if lost else f"{extra[0]!r} is no input's"
@@ -170,10 +184,16 @@ def _stall_resizes_once_writing(writing):
             threading.Event().wait()
         return resize(*args, **kwargs)
 
+    _replace_everywhere(resize, resize_or_stall)
+
+
+def _replace_everywhere(function, substitute):
+    """In this (forked) process, ``substitute`` for ``function`` under every name that a module
+    holds it by (``os.replace``, and a notebook's ``from os import replace`` too)."""
     for module in list(sys.modules.values()):
         for name, value in list(getattr(module, "__dict__", {}).items()):
-            if value is resize:  # not the global: this module's own name is replaced on the way
-                setattr(module, name, resize_or_stall)
+            if value is function:  # not a global: this module's own name is replaced on the way
+                setattr(module, name, substitute)
 
 
 def _written_in(watched, before):
@@ -220,13 +240,20 @@ def _killed_while_writing(task, source, target):
 
 
 def _holds(shard, keys):
-    """Whether ``shard`` holds the samples ``keys``, sorted; one cut short quietly does not."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the warning that the shard was cut short
+    """Whether ``shard`` holds the samples ``keys``, sorted, and tar's end-of-archive blocks;
+    one cut short quietly does not."""
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")  # the warning that the shard was cut short
         try:
-            return Path(shard).exists() and sorted(_samples([shard])) == keys
+            held = Path(shard).exists() and sorted(_samples([shard])) == keys
         except (ValueError, CheckFailed):
             return False
+    return held and not _unended(warned)
+
+
+def _unended(warned):
+    """Whether the warnings ``warned`` say that a tar lacks its end-of-archive blocks."""
+    return any("end-of-archive" in str(warning.message) for warning in warned)
 
 
 def _check_kill(task, shards, folder):
@@ -271,6 +298,70 @@ def _check_kill(task, shards, folder):
         )
 
 
+def _exit_when_target_comes_early(target):
+    """In this (forked) process, a tar writer that closes when its file is already ``target``
+    (renamed before it was whole), and a copy onto ``target``, end it at once, as a kill there
+    would, with a status that says which: ``os._exit`` flushes and closes nothing."""
+    close, copyfile = tarfile.TarFile.close, shutil.copyfile
+
+    def close_unless_renamed(self):
+        if self.mode != "r" and not self.closed and _is_at(self.fileobj, target):
+            os._exit(RENAMED_OPEN)
+        close(self)
+
+    def copy_then_exit(source, destination, *args, **kwargs):
+        copied = copyfile(source, destination, *args, **kwargs)
+        if os.path.abspath(destination) == str(target):
+            os._exit(COPIED)
+        return copied
+
+    tarfile.TarFile.close = close_unless_renamed
+    _replace_everywhere(copyfile, copy_then_exit)
+
+
+def _is_at(stream, path):
+    """Whether the file under ``stream`` (a file, or a tar stream around one) is at ``path``."""
+    for _ in range(3):
+        try:
+            held, there = os.fstat(stream.fileno()), os.stat(path)
+        except (AttributeError, ValueError, OSError):
+            stream = getattr(stream, "fileobj", None)
+            continue
+        return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+    return False
+
+
+def _run_watching_target(task, source, target):
+    _exit_when_target_comes_early(target)
+    task(source, target)
+
+
+def _check_renamed_whole(task, folder):
+    """The task puts ``target`` in place by a rename, once its writer is closed: not before (a
+    kill after the rename would leave half a shard there), and not by a copy (a kill mid-copy
+    would)."""
+    source = folder / "long" / "train-000000.tar"  # _check_kill's
+    target = folder / "out-renamed" / "train-000000.tar"
+    target.parent.mkdir()
+    child = multiprocessing.get_context("fork").Process(
+        target=_run_watching_target, args=(task, source, target)
+    )
+    child.start()
+    child.join()
+    if child.exitcode == COPIED:
+        raise CheckFailed(
+            f"{target.name} was copied into place: a copy (shutil.copy, copyfile, move across "
+            "file systems) writes it piece by piece, and a kill mid-copy leaves half a shard. "
+            "Rename the temporary file onto it: os.replace(temporary, target)"
+        )
+    if child.exitcode == RENAMED_OPEN:
+        raise CheckFailed(
+            f"{target.name} was renamed into place while its TarWriter was still open: its last "
+            "bytes and end blocks come at the close, so a kill right after the rename leaves "
+            "half a shard. Close the writer (end its with block) first, then os.replace"
+        )
+
+
 @contextmanager
 def _temporary_files_in(folder):
     """``tempfile``'s default folder is ``folder`` meanwhile, so that the check sees what a task
@@ -294,7 +385,8 @@ def _tiny_jpeg():
 def check_shard_task(task, shards):
     """``task(source, target)``: every sample once at ``target``, resized as ``resize_sample``
     does; nothing written when ``target`` exists (returns 0); no half shard at ``target`` when the
-    task is killed while it writes, and a whole one when it runs again; nothing at ``target`` nor
+    task is killed while it writes, and a whole one when it runs again; ``target`` put in place
+    by a rename once the writer is closed (not before, not by a copy); nothing at ``target`` nor
     left anywhere when the shard fails part-way. The kill comes before the failure: it names a
     temporary file outside ``target``'s folder, the failure only that it was left behind."""
     with tempfile.TemporaryDirectory() as folder, _temporary_files_in(Path(folder) / "tmp"):
@@ -304,6 +396,7 @@ def check_shard_task(task, shards):
         _check_outputs(task, jobs, folder)
         _check_skips(task, jobs)
         _check_kill(task, shards, folder)
+        _check_renamed_whole(task, folder)
         _check_failure(task, folder)
     passed(
         f"{len(shards)} shards written whole, every sample once; a re-run writes nothing; a "
