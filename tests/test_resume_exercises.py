@@ -112,6 +112,27 @@ def test_a_place_shared_by_every_instance_and_never_reset_is_named(shards):
         check_resumable_stream(SharedPlace, shards)
 
 
+def test_a_place_shared_by_every_instance_and_reset_is_named(shards):
+    class SharedPlace(Stream):
+        """Its place in one dict for every instance (a module-level variable), reset at the end
+        of each epoch: a new stream starts where the last one stopped."""
+
+        place = {}
+        shard = property(
+            lambda self: self.place.get("shard", 0), lambda self, v: self.place.update(shard=v)
+        )
+
+        def __init__(self, shards):  # the place is not set here: it is the module's
+            self.shards, self.seen = list(shards), []
+
+        taken = property(
+            lambda self: self.place.get("taken", 0), lambda self, v: self.place.update(taken=v)
+        )
+
+    with pytest.raises(CheckFailed, match=r"starts where another left off\. Keep the place in"):
+        check_resumable_stream(SharedPlace, shards)
+
+
 def test_a_stream_whose_place_is_made_on_the_first_pass_passes(shards, capsys):
     check_resumable_stream(LazyPlace, shards)
     assert capsys.readouterr().out.startswith("✓")
@@ -171,7 +192,7 @@ def test_each_mistake_is_named(shards, name, says):
     [
         ("shard_start", "went back 16 sample.*to the start of the shard it was in?"),
         ("count_batches", "went back 4 sample.*inside the shard it was in: .* samples handed out"),
-        ("count_from_resume", "1 batch after a resume from batch 1: .* went back 8 .* not from"),
+        ("count_from_resume", "after a resume from batch 1: .* went back 8 .* add the samples"),
     ],
 )
 def test_going_back_inside_a_shard_is_told_from_going_to_its_start(long_shards, name, says):
@@ -296,6 +317,7 @@ def test_the_index_answer_passes(capsys):
         (lambda n, w, r, e, d=False: list(range(n))[r::w], "not shuffled"),
         (lambda n, w, r, e, d=False: answer(n, w, r, e + 1, d), "other indices than torch's"),
         (lambda n, w, r, e, d=False: answer(n, w, r, 0, d), "right in epoch 0.*seed \\+ epoch"),
+        (lambda n, w, r, e, d=False: answer(n, w, r, e + r, d), "right for rank 0.*without the"),
         (lambda n, w, r, e, d=False: answer(n, w, r, 2 * e, d), "right in epoch 0"),
         (globally_seeded, r"\(12, 3, 0, 0, False\) reseeded .* torch.Generator of its own"),
         (in_blocks, r"a block of the permutation .* permutation\[rank::world_size\]"),

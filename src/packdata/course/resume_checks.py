@@ -88,6 +88,18 @@ def _fresh_state(stream_class, shards):
         return None
 
 
+def _shared(fresh, now):
+    """Why a new stream's state ``now`` differs from ``fresh``, a new stream's before any other
+    had moved; None when it does not."""
+    if fresh is None or now == fresh:
+        return None
+    return (
+        f"a new stream's state is {now!r}, not {fresh!r} as before any stream had moved: it "
+        "starts where another left off. Keep the place in self (set in __init__), not in a "
+        "module or class variable that every stream shares"
+    )
+
+
 def _unmoved(state, fresh, taken):
     """Why a state saved after ``taken`` samples is a ``fresh`` stream's; None when it is not."""
     if fresh is None or state != fresh:
@@ -160,6 +172,7 @@ def check_resumable_stream(stream_class, shards):
     """``stream_class(shards)``: an ``IterableDataset`` of ``(key, label)`` that a
     ``StatefulDataLoader`` saves after any batch and a fresh one resumes exactly, epoch after
     epoch."""
+    fresh = _fresh_state(stream_class, shards)  # before any stream has moved
     whole = _keys(_loader(stream_class(shards)))
     n_batches = -(-len(whole) // BATCH)
     if len(whole) != len(set(whole)):
@@ -170,7 +183,8 @@ def check_resumable_stream(stream_class, shards):
         state = state.get("dataset_state")
         problem = (
             _state_problem(state, len(whole), shards)
-            or _unmoved(state, _fresh_state(stream_class, shards), len(before))
+            or _shared(fresh, _fresh_state(stream_class, shards))
+            or _unmoved(state, fresh, len(before))
             or _cut_problem(before, _keys(resumed), whole, shards)
         )
         if problem:
@@ -199,13 +213,16 @@ def _check_second_cut(stream_class, shards, whole):
     before, _, resumed = _resumed(stream_class, shards, 1)
     middle = _keys(islice(iter(resumed), 1))
     after = _keys(_restarted(stream_class(shards), resumed.state_dict()))
+    where = "checkpoint 1 batch after a resume from batch 1"
+    if whole[len(before) :] == after:  # back by as many as the run before the resume handed out
+        raise CheckFailed(
+            f"{where}: the restarted loader went back {len(before)} samples, to {after[0]!r}, "
+            "where the resumed run began. A place saved after a resume must still count from "
+            "the first sample of its shard: add the samples skipped at the resume"
+        )
     problem = _cut_problem(before + middle, after, whole, shards)
     if problem:
-        raise CheckFailed(
-            f"checkpoint 1 batch after a resume from batch 1: {problem}. A place saved after a "
-            "resume must still count from the first sample of its shard, not from where the "
-            "resumed run began"
-        )
+        raise CheckFailed(f"{where}: {problem}.")
 
 
 def _check_straight_to_its_shard(stream_class, shards, whole, cut):
@@ -350,6 +367,22 @@ def _epoch_problem(distributed_indices, case):
     )
 
 
+def _rank_problem(distributed_indices, case, got, want):
+    """Why ``case``, where ``got`` has as many indices as torch's ``want`` but other ones of the
+    permutation (not only other padding), was right for rank 0; None when it was not."""
+    n, world_size, rank, epoch, drop_last = case
+    first = (n, world_size, 0, epoch, drop_last)
+    drawn = [j for j in range(len(want)) if rank + j * world_size < n]  # the rest is padding
+    if len(got) != len(want) or all(got[j] == want[j] for j in drawn):
+        return None
+    if rank == 0 or _indices(distributed_indices, first) != _reference(*first):
+        return None
+    return (
+        f"right for rank 0, other indices for rank {rank}: every rank must draw the same "
+        "permutation (seeded by seed + epoch, without the rank), then take its own share of it"
+    )
+
+
 def check_distributed_indices(distributed_indices):
     """``distributed_indices(n, world_size, rank, epoch, drop_last)`` gives the indices torch's
     ``DistributedSampler`` (seed 0, shuffled) gives that rank, for even and uneven splits."""
@@ -365,6 +398,10 @@ def check_distributed_indices(distributed_indices):
         if got != want:
             n, world, rank, epoch, drop = case
             where = f"n={n}, world_size={world}, rank={rank}, epoch={epoch}, drop_last={drop}"
-            problem = _epoch_problem(distributed_indices, case) or _index_problem(got, want, case)
+            problem = (
+                _epoch_problem(distributed_indices, case)
+                or _rank_problem(distributed_indices, case, got, want)
+                or _index_problem(got, want, case)
+            )
             raise CheckFailed(f"{where}: {problem}.")
     passed(f"the same indices as DistributedSampler in all {len(cases)} cases, padding included.")
