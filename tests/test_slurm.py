@@ -225,6 +225,31 @@ def test_the_exercise_check_names_the_usual_mistakes():
         slurm_checks.check_torch_env(lambda slurm: tuple(right(slurm).values()))
 
 
+def test_a_confusion_is_named_only_when_the_value_comes_from_that_variable():
+    # tasks // nodes is 3 in the even job, and 2 on both nodes of the uneven one, as
+    # SLURM_NNODES is: the learner read it, but did not take the value from it
+    def divided(slurm):
+        per_node = int(slurm["SLURM_NTASKS"]) // int(slurm["SLURM_NNODES"])
+        return {**right(slurm), "LOCAL_WORLD_SIZE": str(per_node)}
+
+    with pytest.raises(slurm_checks.CheckFailed, match="got 2. Slurm put the tasks .*unevenly"):
+        slurm_checks.check_torch_env(divided)
+    # the first entry of '3,2' is 3 on every node, as SLURM_GPUS_ON_NODE is: never read
+    with pytest.raises(slurm_checks.CheckFailed, match="should be 2, got 3. Slurm put"):
+        slurm_checks.check_torch_env(
+            lambda slurm: {**right(slurm), "LOCAL_WORLD_SIZE": slurm["SLURM_TASKS_PER_NODE"][0]}
+        )
+
+
+def test_an_entry_taken_from_a_count_for_several_nodes_is_explained():
+    def unexpanded(slurm):
+        entries = slurm["SLURM_TASKS_PER_NODE"].split(",")
+        return {**right(slurm), "LOCAL_WORLD_SIZE": entries[int(slurm["SLURM_NODEID"])]}
+
+    with pytest.raises(slurm_checks.CheckFailed, match=r"IndexError .*Expand it \('3\(x2\)'"):
+        slurm_checks.check_torch_env(unexpanded)
+
+
 @pytest.mark.parametrize("convert", [str, int], ids=["returned", "converted by the learner"])
 def test_a_slurm_variable_that_is_no_number_is_explained_either_way(convert):
     # the hint comes whether the learner's own int() raises or the check's, on the strings returned

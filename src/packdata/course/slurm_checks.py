@@ -128,6 +128,18 @@ def _answers(torch_env, tasks, job):
     except ValueError as error:
         said = f"torch_env raised ValueError ({error}): not every Slurm variable is a number"
         raise _not_a_number(said, error, tasks) from None
+    except IndexError as error:
+        counts = tasks[0]["SLURM_TASKS_PER_NODE"]
+        raise CheckFailed(
+            f"torch_env raised IndexError ({error}) after srun --nodes=2 {job}, where "
+            f"SLURM_TASKS_PER_NODE is {counts!r}"
+            + (
+                ": one entry stands for several nodes ('3(x2)' is 3 on each of 2 nodes). Expand "
+                "it ('3(x2)' to 3, 3) before you take this node's entry (SLURM_NODEID)."
+                if "(x" in counts
+                else "."
+            )
+        ) from None
     if not all(isinstance(answer, Mapping) for answer in answers):
         raise CheckFailed(
             f"torch_env returned {answers[0]!r:.60}: return a dict with {', '.join(SOURCES)}."
@@ -188,7 +200,7 @@ def check_torch_env(torch_env):
     for job, tasks in jobs.items():
         answers = _answers(torch_env, tasks, job)
         for name in SOURCES:
-            _check_values(name, _values(answers, name, tasks), tasks, job)
+            _check_values(torch_env, name, _values(answers, name, tasks), tasks, job)
         _check_strings(answers)
     passed(
         f"every task of both jobs gets its torch variables; with --ntasks=5, ranks "
@@ -197,17 +209,53 @@ def check_torch_env(torch_env):
     )
 
 
-def _check_values(name, got, tasks, job):
+def _check_values(torch_env, name, got, tasks, job):
     """``CheckFailed`` unless ``got`` is every task's ``name``: the Slurm variable it follows
-    instead named, when it is a usual confusion, else the first task where it is wrong."""
+    instead named, when it is a usual confusion and ``torch_env`` takes the value from it, else
+    the first task where it is wrong."""
     want = [_wanted(name, task) for task in tasks]
     if got == want:
         return
     for variable in _followed(got, tasks):
-        if (name, variable) in CONFUSIONS:
+        if (name, variable) in CONFUSIONS and _taken_from(torch_env, name, variable, tasks[0]):
             raise CheckFailed(f"{name}: {CONFUSIONS[name, variable]}.")
     task = next(n for n, (a, b) in enumerate(zip(got, want)) if a != b)
     place = f"node {tasks[task]['SLURM_NODEID']}, task {tasks[task]['SLURM_LOCALID']} there"
+    uneven = ""
+    if name == "LOCAL_WORLD_SIZE" and "(x" not in tasks[0]["SLURM_TASKS_PER_NODE"]:
+        uneven = (
+            " Slurm put the tasks on the nodes unevenly here, so no count for every node (such "
+            "as SLURM_NTASKS // SLURM_NNODES) holds: take this node's entry of "
+            f"SLURM_TASKS_PER_NODE ({tasks[0]['SLURM_TASKS_PER_NODE']!r})."
+        )
     raise CheckFailed(
-        f"srun {job}: {name} of the task on {place} should be {want[task]}, got {got[task]}."
+        f"srun {job}: {name} of the task on {place} should be {want[task]}, got "
+        f"{got[task]}.{uneven}"
     )
+
+
+def _taken_from(torch_env, name, variable, task):
+    """Whether ``torch_env`` gives ``name`` the value of ``variable`` itself: changed in ``task``
+    to a number no other variable holds, it comes back as ``name``; when that change makes the
+    learner's code fail, whether it read ``variable`` at all."""
+    marked = _Reads({**task, variable: "97"})
+    try:
+        return str(torch_env(marked)[name]) == "97"
+    except Exception:  # noqa: BLE001  the learner's code, failing on a value no job would have
+        return variable in marked.read
+
+
+class _Reads(dict):
+    """A task's variables that note which of them were read."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
