@@ -1069,6 +1069,18 @@ def test_torchrun_runs_the_function_for_real_and_names_what_it_raised():
         torchrun_checks.check_where_am_i(where_through_a_helper)
 
 
+def where_as_numpy_integers(environ=os.environ):
+    import numpy as np  # inside: the script that torchrun runs holds this function alone
+
+    names = {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0}
+    return tuple(np.int64(environ.get(name, default)) for name, default in names.items())
+
+
+def test_numpy_integers_are_a_right_answer_under_torchrun_too(capsys):
+    torchrun_checks.check_where_am_i(where_as_numpy_integers)  # JSON cannot hold numpy's
+    assert capsys.readouterr().out.startswith("✓")
+
+
 def test_a_failed_torchrun_shows_what_its_processes_printed_not_its_own_traceback():
     rank = "Traceback (most recent call last):\n  File where_am_i.py\nRuntimeError: gloo\n"
     agent = "Traceback (most recent call last):\n  File run.py\nChildFailedError:\n"

@@ -110,7 +110,7 @@ def _run_under_torchrun(where_am_i):
             f"where_am_i = {where_am_i.__name__}",
             'dist.init_process_group("gloo")',
             "try:",
-            "    got = list(where_am_i(os.environ))",
+            "    got = [int(value) for value in where_am_i(os.environ)]  # numpy's too, for JSON",
             "except Exception as error:",
             '    got = f"{type(error).__name__}: {error}"',
             "answer = dict(got=got, rank=dist.get_rank(), world_size=dist.get_world_size())",
@@ -203,7 +203,7 @@ def check_where_am_i(where_am_i):
         if isinstance(answer["got"], str):
             raise CheckFailed(
                 f"under torchrun, where_am_i raised {answer['got']}. The script holds your "
-                "function alone, after `import json, os`: import anything else it needs inside it."
+                "function alone, after `import json, os, sys`: import anything else it needs inside it."
             )
         truth = [answer["rank"], answer["world_size"], answer["rank"]]  # one machine
         if answer["got"] != truth:
