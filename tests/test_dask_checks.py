@@ -267,6 +267,12 @@ def collect_swallowing_failures(executor, task, jobs):
     return [(futures[f], f.result()) for f in as_completed(futures) if not f.exception()]
 
 
+def collect_zipped_with_the_jobs(executor, task, jobs):
+    """Results as they complete, paired with the jobs in submission order."""
+    futures = [executor.submit(task, job) for job in jobs]
+    return [(job, future.result()) for job, future in zip(jobs, as_completed(futures))]
+
+
 def test_collecting_as_completed_passes(capsys):
     check_collect(collect_as_completed)
     assert capsys.readouterr().out.startswith("✓")
@@ -280,6 +286,7 @@ def test_collecting_as_completed_passes(capsys):
         (collect_swallowing_failures, "swallowed"),
         (collect_sorted, "or sorted afterwards"),
         (collect_the_done_set, "which had finished earlier"),
+        (collect_zipped_with_the_jobs, r"job 0 came with 10, which is task\(1\)'s result"),
     ],
 )
 def test_each_collecting_mistake_is_named(collect, named):

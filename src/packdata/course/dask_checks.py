@@ -436,6 +436,25 @@ def _out_of_turn(order, finished, apart=0.005):
     return None
 
 
+def _pairing_problem(got, jobs):
+    """Why ``got`` holds every job and every result but pairs them wrongly; None when it does
+    not (``task(job)`` is ``job * 10``)."""
+    try:
+        pairs = [(job, result) for job, result in got]
+        if sorted(j for j, _ in pairs) != jobs or sorted(r for _, r in pairs) != [
+            j * 10 for j in jobs
+        ]:
+            return None
+    except (TypeError, ValueError):  # not pairs, or not comparable: the general message says it
+        return None
+    job, result = next((job, result) for job, result in pairs if result != job * 10)
+    return (
+        f"job {job} came with {result}, which is task({result // 10})'s result: each result must "
+        "go with its own future's job. Keep them together as you submit, {future: job}, and look "
+        "the job up as each future completes"
+    )
+
+
 def check_collect(collect):
     """``collect(executor, task, jobs)`` returns ``[(job, result)]`` in the order the results came:
     all submitted first, collected as they complete, a failure raised."""
@@ -444,7 +463,9 @@ def check_collect(collect):
     with ThreadPoolExecutor(2) as executor:
         got = list(collect(executor, _job_task(state), jobs))
     if sorted(got) != [(job, job * 10) for job in jobs]:
-        raise CheckFailed(f"got {got}: every job once, as (job, task(job))")
+        raise CheckFailed(
+            _pairing_problem(got, jobs) or f"got {got}: every job once, as (job, task(job))"
+        )
     if state["most"] < 2:
         raise CheckFailed(
             "the tasks ran one at a time: submit them all first, then wait for the results"

@@ -203,7 +203,8 @@ def check_where_am_i(where_am_i):
         if isinstance(answer["got"], str):
             raise CheckFailed(
                 f"under torchrun, where_am_i raised {answer['got']}. The script holds your "
-                "function alone, after `import json, os, sys`: import anything else it needs inside it."
+                "function alone, after `import json, os, sys`: import anything else it needs "
+                "inside it."
             )
         truth = [answer["rank"], answer["world_size"], answer["rank"]]  # one machine
         if answer["got"] != truth:
