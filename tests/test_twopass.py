@@ -224,7 +224,7 @@ def shuffle_reversed(samples, seed, bucket):
 
 
 def shuffle_by_seed_plus_bucket(samples, seed, bucket):
-    return list(np.random.default_rng(seed + bucket).permutation(samples))
+    return [samples[i] for i in np.random.default_rng(seed + bucket).permutation(len(samples))]
 
 
 def shuffle_rotated(samples, seed, bucket):
@@ -249,6 +249,10 @@ def test_buckets_uneven_for_another_seed_are_named():
         twopass_checks.check_bucket_for(bucket_doubled_by_the_seed)
 
 
+def shuffle_by_numpy_permutation(samples, seed, bucket):
+    return list(np.random.default_rng([seed, bucket]).permutation(samples))
+
+
 def test_the_exercise_checks_pass_the_package_s_functions():
     twopass_checks.check_bucket_for(bucket_of)
     twopass_checks.check_shuffle_bucket(shuffle_bucket)
@@ -267,6 +271,7 @@ def test_the_exercise_checks_pass_the_package_s_functions():
         ("check_shuffle_bucket", shuffle_reversed, "nothing random decides it"),
         ("check_shuffle_bucket", shuffle_by_seed_plus_bucket, r"seed \+ bucket makes every pair"),
         ("check_shuffle_bucket", lambda samples, seed, bucket: samples, "in its input order"),
+        ("check_shuffle_bucket", shuffle_by_numpy_permutation, r"came back as array\("),
     ],
 )
 def test_the_exercise_checks_name_each_mistake(check, wrong, named):

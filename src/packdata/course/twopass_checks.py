@@ -158,6 +158,18 @@ def check_bucket_for(bucket_for):
     passed(f"buckets even, the same in every process, {full - gap:.1f} classes a batch")
 
 
+def _check_samples_kept(shuffle_bucket):
+    """Samples that are ``(key, label)`` pairs, as a bucket's are, come back as those pairs."""
+    pairs = [(f"{i:06d}", i % 7) for i in range(20)]
+    first = next(iter(shuffle_bucket(list(pairs), 0, 3)))
+    if not (isinstance(first, tuple) and first in pairs):
+        raise CheckFailed(
+            f"samples such as {pairs[0]!r} came back as {first!r} ({type(first).__name__}): "
+            "return the samples themselves, in a new order (rng.permutation makes a list of "
+            "pairs a 2-D array of strings; permute the indices, or rng.shuffle a copy)"
+        )
+
+
 def check_shuffle_bucket(shuffle_bucket):
     """``shuffle_bucket(samples, seed, bucket)``: the same samples, each once, in a random order
     that depends on the seed and on the bucket, the same every run."""
@@ -168,6 +180,7 @@ def check_shuffle_bucket(shuffle_bucket):
             "shuffle_bucket returned None: random.shuffle and rng.shuffle shuffle in place and "
             "return None; return the list"
         )
+    _check_samples_kept(shuffle_bucket)
     got = [int(item) for item in got]
     if sorted(got) != items:
         missing, twice = set(items) - set(got), [i for i, n in Counter(got).items() if n > 1]
