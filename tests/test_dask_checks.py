@@ -31,20 +31,25 @@ def resized(source):
         yield {"__key__": sample["__key__"], **resize_sample(sample)}
 
 
-def write(samples, path):
-    with wds.TarWriter(str(path)) as sink:
-        count = 0
+def write(samples, path, close=True):
+    """Write ``samples`` to a tar at ``path``; the samples written. ``close=False`` leaves the
+    writer open, as a task that forgets to close it does."""
+    sink, count = wds.TarWriter(str(path)), 0
+    try:
         for sample in samples:
             sink.write(sample)
             count += 1
+    finally:
+        if close:
+            sink.close()
     return count
 
 
-def through(temporary, target, samples, move=os.replace):
+def through(temporary, target, samples, move=os.replace, close=True):
     """Write ``samples`` to ``temporary``, then ``move`` it onto ``target``; remove it when that
     fails. The samples written."""
     try:
-        count = write(samples, temporary)
+        count = write(samples, temporary, close)
         move(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -133,27 +138,24 @@ def temporary_named_as_a_shard(source, target):
     return through(target.with_name(f"tmp-{target.name}"), target, resized(source))
 
 
-def never_closed(source, target):
-    """The writer is never closed: its end-of-archive blocks are never written."""
+def beside_as_partial(source, target, **how):
+    """Unless ``target`` exists, the resized samples written ``through`` a hidden ``.partial``
+    file beside it; ``how``: ``through``'s ``move`` or ``close``."""
     target = Path(target)
     if target.exists():
         return 0
     temporary = target.with_name(f".{target.name}.partial")
-    sink, count = wds.TarWriter(str(temporary)), 0
-    for sample in resized(source):
-        sink.write(sample)
-        count += 1
-    os.replace(temporary, target)
-    return count
+    return through(temporary, target, resized(source), **how)
+
+
+def never_closed(source, target):
+    """The writer is never closed: its end-of-archive blocks are never written."""
+    return beside_as_partial(source, target, close=False)
 
 
 def copied_onto_target(source, target):
     """A whole temporary file, copied onto ``target``: the copy itself can be cut by a kill."""
-    target = Path(target)
-    if target.exists():
-        return 0
-    temporary = target.with_name(f".{target.name}.partial")
-    return through(temporary, target, resized(source), move=copy_then_remove)
+    return beside_as_partial(source, target, move=copy_then_remove)
 
 
 def copy_then_remove(temporary, target):
