@@ -285,8 +285,9 @@ def tar_index_with_bytes_names(path):
     return {name.encode(): place for name, place in tar_index_right(path).items()}
 
 
-def walked_tar_index(padding):
-    """A learner's walk over the headers, skipping ``padding(size)`` bytes after each member."""
+def walked_tar_index(padding, base=8, end=bytes(512)):
+    """A learner's walk over the headers, skipping ``padding(size)`` bytes after each member,
+    reading the size field in ``base`` and stopping at a short block or at ``end``."""
 
     def tar_index(path):
         index, position = {}, 0
@@ -294,9 +295,9 @@ def walked_tar_index(padding):
             while True:
                 file.seek(position)
                 block = file.read(512)
-                if len(block) < 512 or block == bytes(512):
+                if len(block) < 512 or block == end:
                     return index
-                size = int(block[124:136].strip(b"\0 "), 8)
+                size = int(block[124:136].strip(b"\0 "), base)
                 index[block[:100].rstrip(b"\0").decode()] = (position + 512, size)
                 position += 512 + padding(size)
 
@@ -328,6 +329,24 @@ class ZipOpenedLazily(ZipDataset):
         return self.zip_file.read(name)
 
 
+def test_a_zip_file_never_closed_is_named(tiny_dataset):
+    left_open = []
+
+    def pack_left_open(root, target):
+        """Every member written, but the ZipFile outlives the call (kept, as a global would be)."""
+        archive = zipfile.ZipFile(target, "w")
+        left_open.append(archive)
+        for s in imagefolder.load_manifest(root)["samples"]:
+            archive.writestr(fixed_time(f"{s['key']}.jpg"), (Path(root) / s["path"]).read_bytes())
+
+    try:
+        with pytest.raises(feedback.CheckFailed, match="no central directory.* never closed"):
+            packing_checks.check_pack_zip(pack_left_open, tiny_dataset)
+    finally:
+        for archive in left_open:
+            archive.close()
+
+
 def test_a_zip_dataset_that_opens_its_archive_lazily_passes(tiny_dataset, capsys):
     path = archive(tiny_dataset, "zip")
     packing_checks.check_zip_dataset(ZipOpenedLazily(path), path)
@@ -344,6 +363,51 @@ class TextLabels(FolderDataset):
     def __getitem__(self, index):
         image, label = super().__getitem__(index)
         return image, str(label)
+
+
+class FloatLabels(FolderDataset):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, float(label)
+
+
+class FloatTensorLabels(FolderDataset):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, torch.tensor(label, dtype=torch.float32)
+
+
+class TensorLabels(FolderDataset):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, torch.tensor(label)
+
+
+class ZipFloatLabels(ZipDataset):
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, float(label)
+
+
+class OneBefore(FolderDataset):
+    """``self.samples[index - 1]``: sample 0 reads the last one."""
+
+    def __getitem__(self, index):
+        return super().__getitem__(index - 1)
+
+
+class ImageOneAfter(FolderDataset):
+    """The image of the next sample with this sample's label."""
+
+    def __getitem__(self, index):
+        return super().__getitem__((index + 1) % len(self))[0], self.labels[index]
+
+
+def test_a_dataset_one_off_is_named_with_the_sample_it_read(tiny_dataset):
+    with pytest.raises(feedback.CheckFailed, match=r"dataset\[0\] is sample 59 of the manifest"):
+        folder_checks.check_folder_dataset(OneBefore(tiny_dataset), tiny_dataset)
+    with pytest.raises(feedback.CheckFailed, match=r"dataset\[0\] is sample 1 .*, one off"):
+        folder_checks.check_folder_dataset(ImageOneAfter(tiny_dataset), tiny_dataset)
 
 
 # name: (how to call the check with an implementation and the dataset root, right answer, wrong
@@ -1289,6 +1353,21 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_zip_dataset", ZipOpenedPerSample, "opened the ZIP 3 more time"),
         ("check_tar_index", tar_index_with_padded_names, "strip the NUL padding"),
         ("check_tar_index", walked_tar_index(lambda size: 0), "raised ValueError"),
+        (
+            "check_tar_index",
+            walked_tar_index(lambda size: -(-size // 512) * 512, base=10),
+            "with base 10: .* The size field is an octal number written in ASCII",
+        ),
+        (
+            "check_tar_index",
+            walked_tar_index(lambda size: -(-size // 512) * 512, end=None),
+            "with base 8: b''. You read past the end: a tar ends with an all-zero block",
+        ),
+        (  # lands in the zeros of a padding, as a walk past the end does: padding is the cause
+            "check_tar_index",
+            walked_tar_index(lambda size: size),
+            "with base 8: b''. Past the first header, .* skip to the next multiple of 512",
+        ),
         ("check_tar_index", tar_index_keeping_the_nul, "strip b'\\\\0 ' before int"),
         (
             "check_tar_index",
@@ -1357,7 +1436,21 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
             "not a ZIP archive",
         ),
         ("check_folder_dataset", SwappedPair, "the image first"),
-        ("check_folder_dataset", TextLabels, "a str, not an int"),
+        ("check_folder_dataset", TextLabels, "label '0', a str: return the manifest's label as"),
+        (
+            "check_folder_dataset",
+            FloatLabels,
+            r"label 0.0, a float: return the manifest's label as it is, an int \(cross_entropy",
+        ),
+        (
+            "check_folder_dataset",
+            FloatTensorLabels,
+            r"label tensor\(0.\), a tensor of torch.float32",
+        ),
+        ("check_folder_dataset", TensorLabels, "a tensor of torch.int64: return the manifest's"),
+        ("check_zip_dataset", ZipFloatLabels, "label 0.0, a float: return the manifest's label"),
+        ("check_folder_dataset", WrongFile, r"dataset\[0\] is sample 1 of the manifest, one off"),
+        ("check_folder_dataset", ShiftedLabels, "take the label from the same manifest entry"),
         (
             "check_shard_split",
             lambda shards, rank, world_size, worker, workers: sorted(shards)[rank::world_size][

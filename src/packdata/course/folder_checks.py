@@ -88,6 +88,34 @@ def _check_counts_skip_stray_files(count_per_class):
         )
 
 
+def _label_mistake(label):
+    """What is wrong with ``label`` as a class number, or ``None`` when it is an int (what the
+    manifest holds, and what the DataLoader collates into an int64 tensor)."""
+    import torch
+
+    if isinstance(label, numbers.Integral) and not isinstance(label, bool):
+        return None
+    if not isinstance(label, torch.Tensor):
+        kind, why = f"a {type(label).__name__}", "cross_entropy needs integer class numbers"
+    elif label.is_floating_point():
+        kind, why = f"a tensor of {label.dtype}", "cross_entropy needs integer class numbers"
+    else:
+        kind = f"a tensor of {label.dtype}"
+        why = "the DataLoader collates a batch's ints into a tensor itself"
+    return f"{kind}: return the manifest's label as it is, an int ({why})."
+
+
+def _one_off(image, reference, index):
+    """The index next to ``index`` (wrapping around, as ``samples[index - 1]`` does at 0) whose
+    image in ``reference`` is ``image``, or ``None``."""
+    import torch
+
+    for other in ((index - 1) % len(reference), (index + 1) % len(reference)):
+        if other != index and torch.equal(image, reference[other][0]):
+            return other
+    return None
+
+
 def compare_with_reference(dataset, reference, source):
     """Raise ``CheckFailed`` unless ``dataset`` gives the same (image, label) pairs as
     ``reference``."""
@@ -120,17 +148,22 @@ def compare_with_reference(dataset, reference, source):
                 f"expected {tuple(expected_image.shape)} and {expected_image.dtype} (channels "
                 "first)."
             )
-        if label != expected_label:
-            kind = (
-                f" (a {type(label).__name__}, not an {type(expected_label).__name__})"
-                if str(label) == str(expected_label)
-                else ""
-            )
+        same_pixels = torch.equal(image, expected_image)
+        other = None if same_pixels else _one_off(image, reference, index)
+        if other is not None:
             raise CheckFailed(
-                f"dataset[{index}] has label {label!r}{kind}, {source} says {expected_label!r}: "
-                "take the label from the same manifest entry as the sample, as an int."
+                f"dataset[{index}] is sample {other} of {source}, one off: read the file and the "
+                "label of the manifest entry at index itself, self.samples[index]."
             )
-        if not torch.equal(image, expected_image):
+        mistake = _label_mistake(label)
+        if mistake:
+            raise CheckFailed(f"dataset[{index}] has label {label!r}, {mistake}")
+        if label != expected_label:
+            raise CheckFailed(
+                f"dataset[{index}] has label {label!r}, {source} says {expected_label!r}: "
+                "take the label from the same manifest entry as the sample."
+            )
+        if not same_pixels:
             raise CheckFailed(
                 f"dataset[{index}] decodes to different pixels than {reference.paths[index]} of "
                 f"{source}: are you reading the right sample for this index?"

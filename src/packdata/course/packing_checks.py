@@ -2,6 +2,7 @@
 of a tar's members.
 """
 
+import re
 import time
 
 from .. import imagefolder
@@ -47,6 +48,13 @@ def check_pack_zip(pack_zip, root):
             raise CheckFailed(
                 f"pack_zip(root, archive) did not write {first.name}: write to the archive path it "
                 "is given."
+            )
+        if not zipfile.is_zipfile(first) and _members_without_directory(first):
+            raise CheckFailed(
+                f"pack_zip wrote {first.name} with members but no central directory, the ZIP's "
+                "table of contents: the ZipFile was never closed, and closing it is what writes "
+                'the directory. Write the members in a block, with zipfile.ZipFile(archive, "w") '
+                "as z:, which closes the archive at its end."
             )
         if not zipfile.is_zipfile(first):
             raise CheckFailed(
@@ -121,6 +129,13 @@ def check_pack_zip(pack_zip, root):
     )
 
 
+def _members_without_directory(path):
+    """Whether the file at ``path`` starts as a ZIP does, with a member's local header, yet holds
+    no end-of-central-directory record: what a ``ZipFile`` left open writes."""
+    data = path.read_bytes()
+    return data.startswith(b"PK\x03\x04") and b"PK\x05\x06" not in data
+
+
 def check_zip_dataset(dataset, archive):
     """Lesson 2: a ZIP-backed dataset must give the same (image, label) pairs as ``packdata``'s
     ZipDataset."""
@@ -184,6 +199,48 @@ def _padding_tar(folder):
     return write_tar(Path(folder) / "padding.tar", members).path
 
 
+def _whole_blocks_tar(folder):
+    """A tar whose members are 512 and 1,024 bytes long, of data that is not zeros: no padding
+    to get wrong, and no all-zero block but those at its end."""
+    from pathlib import Path
+
+    from ..shardwrite import write_tar
+
+    members = [("block", {"bin": b"x" * 512}), ("two", {"bin": b"x" * 1024})]
+    return write_tar(Path(folder) / "whole-blocks.tar", members).path
+
+
+# what int() says of a field of NULs or spaces only, stripped: "... with base 8: b''"
+EMPTY_FIELD = re.compile(r"base \d+: b?''$")
+
+
+def _walk_mistake(tar_index, error):
+    """What a ``ValueError`` from ``tar_index`` says about the walk: the size field parsed with its
+    NUL, or in decimal; a walk that read on past the end; else a position off by its padding."""
+    import tempfile
+
+    if "\\x00" in str(error):  # int(b"00000000012\0", 8): the field's NUL kept
+        return "The size field ends in a NUL (or a space): strip b'\\0 ' before int(field, 8)."
+    if "with base 10" in str(error):  # int(field): 1,000 bytes, 0o1750, read as 1,750
+        return (
+            "The size field is an octal number written in ASCII: int(field.strip(b'\\0 '), 8). "
+            "Read in base 10 it is too large, and the walk lands inside a member's data."
+        )
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            tar_index(_whole_blocks_tar(folder))
+        except ValueError as again:
+            if EMPTY_FIELD.search(str(again)):  # no padding there: it read the zeros at the end
+                return (
+                    "You read past the end: a tar ends with an all-zero block "
+                    "(block == bytes(512)); stop there, before reading it as a header."
+                )
+    return (
+        "Past the first header, that means it read a header where there is data or padding: "
+        f"{PADDING_RULE}."
+    )
+
+
 def _check_tar_index_on(tar_index, tar_path, what):
     """``tar_index(tar_path)`` against the reference, in words naming ``what``; the reference's
     index."""
@@ -197,14 +254,8 @@ def _check_tar_index_on(tar_index, tar_path, what):
     try:
         got = tar_index(tar_path)
     except ValueError as error:
-        if "\\x00" in str(error):  # int(b"00000000012\0", 8): the field's NUL kept
-            raise CheckFailed(
-                f"on {what}, tar_index raised ValueError: {error}. The size field ends in a NUL "
-                "(or a space): strip b'\\0 ' before int(field, 8)."
-            ) from None
         raise CheckFailed(
-            f"on {what}, tar_index raised ValueError: {error}. Past the first header, that means "
-            f"it read a header where there is data or padding: {PADDING_RULE}."
+            f"on {what}, tar_index raised ValueError: {error}. {_walk_mistake(tar_index, error)}"
         ) from None
     if not isinstance(got, dict):
         raise CheckFailed(
