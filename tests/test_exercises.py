@@ -4,6 +4,7 @@ import importlib
 import inspect
 import json
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -1227,6 +1228,22 @@ class OpenedEveryCallInWorkers(PerProcessZip):
         return self._handle
 
 
+class FailingInWorkers(PerProcessZip):
+    def _get_file_handle(self):
+        if self._pid is not None and self._pid != os.getpid():
+            raise OSError("no handle for this worker")
+        return super()._get_file_handle()
+
+
+def test_a_handle_failing_in_a_worker_leaves_no_worker_behind(tiny_dataset):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(feedback.CheckFailed, match="(?s)worker: OSError: .*no handle") as failed:
+        lesson3_case(handle_checks.check_per_process_handle, FailingInWorkers, tiny_dataset)
+    # the failure is kept, as a notebook keeps the last one: its worker must be gone all the same
+    assert set(multiprocessing.active_children()) <= before
+    assert failed.value.__cause__ is None
+
+
 def test_a_worker_that_opens_a_handle_per_call_is_named(tiny_dataset):
     with pytest.raises(feedback.CheckFailed, match="two calls returned two different ZipFiles"):
         lesson3_case(handle_checks.check_per_process_handle, OpenedEveryCallInWorkers, tiny_dataset)
@@ -1246,6 +1263,12 @@ def reopen_right(worker_id):
 
 def reopen_into_a_local(worker_id):
     zipfile.ZipFile(get_worker_info().dataset.archive)
+
+
+def reopen_in_a_with_block(worker_id):
+    dataset = get_worker_info().dataset
+    with zipfile.ZipFile(dataset.archive) as handle:
+        dataset.zip_file = handle
 
 
 class RecipeZip(ZipDataset):
@@ -1307,7 +1330,7 @@ CASES.update(
         "check_worker_init_fn": (
             lesson3_case,
             reopen_right,
-            [lambda worker_id: None, reopen_into_a_local],
+            [lambda worker_id: None, reopen_into_a_local, reopen_in_a_with_block],
         ),
         "check_spawn_ready": (
             lambda check, impl, root: check(
@@ -1451,6 +1474,12 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_zip_dataset", ZipFloatLabels, "label 0.0, a float: return the manifest's label"),
         ("check_folder_dataset", WrongFile, r"dataset\[0\] is sample 1 of the manifest, one off"),
         ("check_folder_dataset", ShiftedLabels, "take the label from the same manifest entry"),
+        (
+            "check_worker_init_fn",
+            reopen_in_a_with_block,
+            "the ZipFile your worker_init_fn stored in the dataset is closed before the worker",
+        ),
+        ("check_worker_init_fn", lambda worker_id: None, "a handle of its own"),
         (
             "check_shard_split",
             lambda shards, rank, world_size, worker, workers: sorted(shards)[rank::world_size][

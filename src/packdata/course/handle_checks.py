@@ -72,23 +72,34 @@ class _HandleShared:
         return first is self.handle, self.dataset._get_file_handle() is first
 
 
+def _in_a_forked_worker(dataset, **loader_kwargs):
+    """``dataset[0]``, read by one forked DataLoader worker; the worker is shut down before this
+    returns or raises (an exception's traceback would otherwise keep it alive)."""
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=1, multiprocessing_context="fork", **loader_kwargs
+    )
+    items = iter(loader)
+    try:
+        return next(items)
+    finally:
+        items._shutdown_workers()
+
+
 def _forked_worker_handles(dataset, handle):
     """``(inherited, kept)``: whether a DataLoader worker forked now gets ``handle``, the main
     process's open one, from ``dataset._get_file_handle()``, and whether it gets the same one
     twice."""
-    from torch.utils.data import DataLoader
-
-    shared = _HandleShared(dataset, handle)
-    loader = DataLoader(shared, batch_size=None, num_workers=1, multiprocessing_context="fork")
     try:
-        return next(iter(loader))
+        return _in_a_forked_worker(_HandleShared(dataset, handle))
     except NotImplementedError:
         raise
     except Exception as error:
         raise CheckFailed(
             f"_get_file_handle() failed in a forked DataLoader worker: {type(error).__name__}: "
             f"{error}"
-        ) from error
+        ) from None
 
 
 def check_per_process_handle(dataset_class, archive, manifest):
@@ -167,6 +178,31 @@ def check_per_process_handle(dataset_class, archive, manifest):
     )
 
 
+class _StoredClosed:
+    """A one-item dataset over a ``ZipDataset`` whose ``zip_file`` is closed; attributes pass
+    through, so a ``worker_init_fn`` sees the dataset it expects. Its item says whether the
+    ``zip_file`` it finds is another ``ZipFile`` than the one inherited, and closed too."""
+
+    def __init__(self, dataset):
+        self.__dict__.update(dataset=dataset, inherited=dataset.zip_file)
+
+    def __getattr__(self, name):  # only called for names this wrapper lacks
+        return getattr(self.dataset, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.dataset, name, value)
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        import zipfile
+
+        handle = getattr(self.dataset, "zip_file", None)
+        stored = isinstance(handle, zipfile.ZipFile) and handle is not self.inherited
+        return stored and handle.fp is None
+
+
 def check_worker_init_fn(worker_init_fn, archive, manifest):
     """Lesson 3: ``worker_init_fn`` gives each forked worker's copy of a ``ZipDataset`` a
     ``ZipFile`` of its own."""
@@ -183,6 +219,14 @@ def check_worker_init_fn(worker_init_fn, archive, manifest):
         batch_size=4,
         worker_init_fn=worker_init_fn,
     )
+    if audit.errors and _in_a_forked_worker(_StoredClosed(dataset), worker_init_fn=worker_init_fn):
+        raise CheckFailed(
+            f"{len(audit.errors)} of {audit.samples:,} samples failed ({_first_error(audit)}): "
+            "the ZipFile your worker_init_fn stored in the dataset is closed before the worker "
+            "reads: a with block closes it at its end, as close() does. Store one left open, "
+            "dataset.zip_file = zipfile.ZipFile(dataset.archive), outside any with block; its "
+            "file is closed when the worker exits."
+        )
     if audit.errors:
         raise CheckFailed(
             f"{len(audit.errors)} of {audit.samples:,} samples failed ({_first_error(audit)}). "
