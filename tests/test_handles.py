@@ -204,6 +204,11 @@ def test_error_kind_reports_the_readers_error_without_the_names_it_quotes():
     assert audit.error_kind(EOFError("short read")) == "EOFError: short read"
 
 
+def test_error_kind_keeps_a_message_that_starts_with_a_quote():
+    error = AttributeError("'NoneType' object has no attribute 'read'")
+    assert audit.error_kind(error) == "AttributeError: 'NoneType' object has no attribute 'read'"
+
+
 def reopen_zip(worker_id):
     dataset = get_worker_info().dataset
     dataset.zip_file = zipfile.ZipFile(dataset.archive)

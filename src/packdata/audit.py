@@ -32,13 +32,15 @@ def expected_checksums(dataset, manifest):
 
 def error_kind(error):
     """An error's type and message up to the first name it quotes, so that equal failures group
-    together: ``"BadZipFile: Bad CRC-32 for file …"``."""
+    together: ``"BadZipFile: Bad CRC-32 for file …"``; the whole message when it starts with a
+    quote (``"AttributeError: 'NoneType' object has no attribute 'read'"``)."""
     # packdata wraps reader errors to name the archive: report the reader's
     while error.__cause__ is not None:
         error = error.__cause__
     message = str(error)
     quote = re.search(r"""\s*b?['"]""", message)
-    return f"{type(error).__name__}: " + (message[: quote.start()] + " …" if quote else message)
+    head = message[: quote.start()] if quote else ""
+    return f"{type(error).__name__}: " + (head + " …" if head else message)
 
 
 class _Fingerprints(Dataset):
