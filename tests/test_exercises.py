@@ -497,12 +497,17 @@ def shuffled(rest, rng):
 
 
 def mistaken_buffer(
-    drain=shuffled, pick=lambda rng, size: rng.randrange(size), beside=False, kept=False
+    drain=shuffled,
+    pick=lambda rng, size: rng.randrange(size),
+    beside=False,
+    kept=False,
+    replaced_first=False,
 ):
     """A learner's shuffle buffer, right but for what is given: what is left goes out through
     ``drain(rest, rng)``, the sample to yield is at ``pick(rng, size)``, with ``beside`` the
-    newcomer goes beside it instead of into its place, and with ``kept`` one buffer serves every
-    call (as a ``buffer=[]`` default would)."""
+    newcomer goes beside it instead of into its place, with ``kept`` one buffer serves every
+    call (as a ``buffer=[]`` default would), and with ``replaced_first`` the newcomer takes its
+    place before it is yielded."""
     every_call = []
 
     def buffer_fn(samples, size, rng):
@@ -512,6 +517,8 @@ def mistaken_buffer(
                 buffer.append(sample)
                 continue
             index = pick(rng, size)
+            if replaced_first:
+                buffer[index] = sample
             yield buffer[index]
             if beside:
                 buffer.append(sample)
@@ -529,6 +536,17 @@ buffer_with_a_reversed_drain = mistaken_buffer(drain=lambda rest, rng: reversed(
 buffer_past_its_end = mistaken_buffer(pick=lambda rng, size: rng.randint(0, size))
 buffer_never_picking_its_last_slot = mistaken_buffer(pick=lambda rng, size: rng.randrange(size - 1))
 buffer_beside_the_newcomer = mistaken_buffer(beside=True)
+buffer_replacing_before_yielding = mistaken_buffer(replaced_first=True)
+
+
+def buffer_first_in_first_out(samples, size, rng):
+    buffer = []
+    for sample in samples:
+        buffer.append(sample)
+        if len(buffer) > size:
+            yield buffer.pop(0)
+    rng.shuffle(buffer)
+    yield from buffer
 
 
 def buffer_that_yields_at_once(samples, size, rng):
@@ -560,6 +578,12 @@ def split_after_a_shuffle(shards, rank, world_size, worker, workers):
 def split_by_shard_number(shards, rank, world_size, worker, workers):
     me, every = rank * workers + worker, world_size * workers
     return [shard for shard in shards if int(shard[-10:-4]) % every == me]
+
+
+def split_in_chunks(shards, rank, world_size, worker, workers):
+    parts, me = world_size * workers, rank * workers + worker
+    per = len(shards) // parts
+    return list(shards)[me * per : (me + 1) * per]
 
 
 def split_in_place(shards, rank, world_size, worker, workers):
@@ -709,6 +733,15 @@ ASSIGN_MISTAKES = {
 def test_each_shard_assignment_mistake_is_named(wrong, tiny_dataset):
     with pytest.raises(feedback.CheckFailed, match=ASSIGN_MISTAKES[wrong]):
         shard_checks.check_assign_shards(wrong, tiny_dataset)
+
+
+def test_a_numpy_key_is_shown_as_the_str_it_holds(tiny_dataset):
+    def assign_numpy_keys_with_replacement(keys, per_shard, seed):
+        return cut(list(np.random.default_rng(seed).choice(keys, len(keys))), per_shard)
+
+    with pytest.raises(feedback.CheckFailed, match=r"key '\d{6}' is") as failed:
+        shard_checks.check_assign_shards(assign_numpy_keys_with_replacement, tiny_dataset)
+    assert "np.str_" not in str(failed.value)
 
 
 CASES.update(
@@ -1490,10 +1523,27 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_shard_split", split_after_a_shuffle, "called again with the same arguments"),
         ("check_shard_split", split_by_shard_number, "goes by the shards' names"),
         ("check_shard_split", split_in_place, "reordered the list it was given"),
+        (
+            "check_shard_split",
+            split_in_chunks,
+            r"nobody reads train-000018.tar \(2 of 20 shards left out\): chunks of "
+            r"len\(shards\) // parts leave the remainder out. Deal the shards like cards: "
+            r"shards\[rank::world_size\]\[worker::num_workers\]",
+        ),
         ("check_shuffle_buffer", buffer_by_blocks, "block by block"),
+        (
+            "check_shuffle_buffer",
+            buffer_first_in_first_out,
+            r"first in, first out, .* \(rng.randrange\(len\(buffer\)\)\)",
+        ),
+        (
+            "check_shuffle_buffer",
+            buffer_replacing_before_yielding,
+            r"You replaced buffer\[i\] before yielding it: yield it first, then put the newcomer",
+        ),
         ("check_shuffle_buffer", buffer_never_picking_its_last_slot, "leaves out the last one"),
         ("check_shuffle_buffer", buffer_past_its_end, "it indexed past the buffer"),
-        ("check_shuffle_buffer", buffer_beside_the_newcomer, "more than once"),
+        ("check_shuffle_buffer", buffer_beside_the_newcomer, "more than once.*not beside it"),
         ("check_shuffle_buffer", mistaken_buffer(kept=True), "outlived the first call"),
         ("check_shuffle_buffer", buffer_with_a_reversed_drain, "the final drain ignores rng"),
         ("check_shuffle_buffer", buffer_with_a_fixed_generator, "never uses the rng it is given"),
@@ -1661,6 +1711,8 @@ def stream_class(mistake=None):
                 samples = (s for i, s in enumerate(everything) if i % every == me)
             if mistake == "keys only":
                 samples = (key for key, _ in samples)
+            if mistake == "fails in a worker" and info is not None:
+                raise KeyError("a worker's own error")
             if mistake == "shuffled within shards":
                 rng = random.Random(f"{pair}:{self.rank}:{worker}")
                 for shard in mine:
@@ -1672,6 +1724,12 @@ def stream_class(mistake=None):
                 yield from samples
                 return
             rng = random.Random(f"{pair}:{self.rank}:{worker}")
+            if mistake == "whole part buffered":
+                yield from shuffled(list(samples), rng)
+                return
+            if mistake == "first in, first out":
+                yield from buffer_first_in_first_out(samples, self.buffer_size, rng)
+                return
             if mistake == "unseeded buffer":
                 rng = random.Random()
             if mistake == "the loader's worker seed" and info is not None:
@@ -1709,7 +1767,8 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("no buffer", "shuffle buffer is not mixing"),
         ("ranks overlap", "the ranks' parts overlap"),
         ("last shard lost", "No sample of 1 shard(s) arrived (train-"),
-        ("buffer kept", "the buffer still holds samples to give"),
+        ("buffer kept", "Exactly buffer_size (here 10) samples never arrived: those the buffer"),
+        ("whole part buffered", "your stream read 60 samples before it yielded its first"),
         ("seed ignored", "mix self.seed"),
         ("seed plus epoch", "seed + epoch makes them collide"),
         ("unseeded buffer", "in another order the second time"),
@@ -1728,6 +1787,54 @@ def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):
     with pytest.raises(feedback.CheckFailed) as failed:
         shard_checks.check_shard_stream(stream_class(mistake), tiny_shards(tiny_dataset))
     assert named in str(failed.value)
+
+
+def test_a_drain_left_out_is_named_without_the_worker_info(tiny_dataset):
+    with pytest.raises(feedback.CheckFailed) as failed:
+        shard_checks.check_shard_stream(stream_class("buffer kept"), tiny_shards(tiny_dataset))
+    assert "50 items, 50 distinct, of 60 samples" in str(failed.value)
+    assert "get_worker_info" not in str(failed.value)
+
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory):
+    """The course's small dataset, 500 samples in 20 shards of 25 as lesson 4 writes them: a
+    worker's share, about 83 samples, outgrows the stream check's buffer."""
+    from packdata import synthetic
+    from packdata.shardwrite import write_shards
+
+    root = synthetic.make_dataset(
+        tmp_path_factory.mktemp("data") / "synthetic-500", size=500, progress=False
+    )
+    written = write_shards(root, tmp_path_factory.mktemp("shards"), maxcount=25, progress=False)
+    return [str(info.path) for info in written]
+
+
+def test_a_right_stream_passes_at_the_small_size(small_shards, capsys):
+    shard_checks.check_shard_stream(stream_class(), small_shards)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize(
+    ("mistake", "named"),
+    [
+        ("first in, first out", "the shuffle buffer is not mixing"),
+        ("whole part buffered", "your stream read 500 samples before it yielded its first"),
+    ],
+)
+def test_a_buffer_that_does_not_mix_fails_at_the_small_size(small_shards, mistake, named):
+    with pytest.raises(feedback.CheckFailed, match=re.escape(named)):
+        shard_checks.check_shard_stream(stream_class(mistake), small_shards)
+
+
+def test_an_error_in_a_stream_s_worker_leaves_no_worker_behind(tiny_dataset):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(KeyError, match="a worker's own error") as failed:
+        shard_checks.check_shard_stream(
+            stream_class("fails in a worker"), tiny_shards(tiny_dataset)
+        )
+    assert failed.value.__traceback__  # kept, as a notebook keeps the last error
+    assert set(multiprocessing.active_children()) <= before
 
 
 def test_twice_within_a_rank_and_missing_blames_the_workers_shuffles():

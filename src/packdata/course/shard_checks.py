@@ -5,6 +5,7 @@ exactly once.
 
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .. import imagefolder
 from .feedback import (
@@ -19,6 +20,12 @@ _SORTED_KEYS = [f"{index:06d}" for index in range(600)]
 
 def _label_of(key):
     return int(key) // 60
+
+
+def _shown(key):
+    """``key`` as a message shows it: a ``str`` of NumPy's (``np.str_``) as the plain ``str`` it
+    holds, quoted; anything else as its repr."""
+    return repr(str(key)) if isinstance(key, str) else repr(key)
 
 
 def _cuts(keys, per_shard):
@@ -76,21 +83,23 @@ def _each_key_once(shards, keys, per_shard, call):
         for key in shard:
             if where.get(key) == number:
                 raise CheckFailed(
-                    f"{call}: key {key!r} is twice in shard {number}: drawing with replacement "
-                    "(random.choices, rng.choice without replace=False) repeats keys and leaves "
-                    "others out. Shuffle a copy of the list, or draw a permutation of it."
+                    f"{call}: key {_shown(key)} is twice in shard {number}: drawing with "
+                    "replacement (random.choices, rng.choice without replace=False) repeats keys "
+                    "and leaves others out. Shuffle a copy of the list, or draw a permutation of "
+                    "it."
                 )
             if key in where:
                 raise CheckFailed(
-                    f"{call}: key {key!r} is in shard {where[key]} and in shard {number}, so its "
-                    "sample would come twice an epoch. Cut the shuffled list into slices that do "
-                    "not overlap: [start : start + per_shard], start going up by per_shard."
+                    f"{call}: key {_shown(key)} is in shard {where[key]} and in shard {number}, "
+                    "so its sample would come twice an epoch. Cut the shuffled list into slices "
+                    "that do not overlap: [start : start + per_shard], start going up by "
+                    "per_shard."
                 )
             where[key] = number
     given = set(keys)
     stray = [key for key in where if key not in given]
     if stray:
-        raise CheckFailed(f"{call}: {stray[0]!r} is not one of the keys given.")
+        raise CheckFailed(f"{call}: {_shown(stray[0])} is not one of the keys given.")
     lost = [key for key in keys if key not in where]
     if lost:
         cure = (
@@ -100,8 +109,8 @@ def _each_key_once(shards, keys, per_shard, call):
             "and ends."
         )
         raise CheckFailed(
-            f"{call}: {len(lost)} of {len(keys)} keys are in no shard (e.g. {lost[0]!r}): those "
-            f"samples would never be trained on. {cure}"
+            f"{call}: {len(lost)} of {len(keys)} keys are in no shard (e.g. "
+            f"{_shown(lost[0])}): those samples would never be trained on. {cure}"
         )
     sizes = [len(shard) for shard in shards]
     if any(size != per_shard for size in sizes[:-1]) or not 0 < sizes[-1] <= per_shard:
@@ -219,7 +228,9 @@ def _range_of(counts):
 def _forked_epochs(dataset, num_workers, epochs, **options):
     """The items of ``dataset`` in each of ``epochs`` (``set_epoch`` before each), from one
     ``DataLoader`` whose workers are forked (a class from a notebook reaches them so), without
-    torch's warning about more workers than cores."""
+    torch's warning about more workers than cores. The workers are stopped before this returns
+    or raises: an error of the learner's code in a worker, kept with its traceback as a notebook
+    keeps it, would otherwise keep the loader's iterator, and so its workers, alive."""
     import warnings
 
     from torch.utils.data import DataLoader
@@ -234,11 +245,16 @@ def _forked_epochs(dataset, num_workers, epochs, **options):
             multiprocessing_context=fork,
             **options,
         )
-        items = []
-        for epoch in epochs:
-            dataset.set_epoch(epoch)
-            items.append(list(loader))
-        return items
+        items, iterator = [], None
+        try:
+            for epoch in epochs:
+                dataset.set_epoch(epoch)
+                iterator = iter(loader)
+                items.append(list(iterator))
+            return items
+        finally:
+            if hasattr(iterator, "_shutdown_workers"):  # none without workers
+                iterator._shutdown_workers()
 
 
 def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):
@@ -280,7 +296,7 @@ def _check_exactly_once(shards, what, **options):
         if repeated:
             raise CheckFailed(
                 f"epoch {epoch}: {len(repeated)} samples arrived more than once across 2 ranks × 3 "
-                f"workers (e.g. key {repeated[0]!r}) {what}"
+                f"workers (e.g. key {_shown(repeated[0])}) {what}"
             )
         if len(keys) != expected:
             raise CheckFailed(
@@ -356,7 +372,9 @@ def check_shard_split(split_shards, shards):
         if len(owners) != count:
             missing = sorted(set(names) - set(owners))
             raise CheckFailed(
-                f"{call}, nobody reads {missing[0]} ({len(missing)} shards left out)."
+                f"{call}, nobody reads {missing[0]} ({len(missing)} of {count} shards left out): "
+                "chunks of len(shards) // parts leave the remainder out. Deal the shards like "
+                "cards: shards[rank::world_size][worker::num_workers]."
             )
         sizes = sorted(map(len, parts.values()))
         if sizes[-1] - sizes[0] > 1:
@@ -430,6 +448,13 @@ def check_shuffle_buffer(shuffle_buffer, shards):
                 "memory)."
             )
         out.append(item)
+    if out[:150] == list(range(50, 200)):
+        raise CheckFailed(
+            "each newcomer came out as soon as it was read, and of 200 samples "
+            f"{len(out) - len(set(out))} came out more than once and {200 - len(set(out))} never. "
+            "You replaced buffer[i] before yielding it: yield it first, then put the newcomer in "
+            "its place."
+        )
     if len(set(out)) < len(out):
         raise CheckFailed(
             f"200 samples went in, {len(out)} came out, {len(out) - len(set(out))} of them more "
@@ -454,6 +479,12 @@ def check_shuffle_buffer(shuffle_buffer, shards):
             f"in a stream of 2,000, sample {stuck[0]} stayed in the buffer from the start to the "
             "final drain, through more than 1,900 draws: a slot that is never picked? "
             "rng.randrange(size - 1) leaves out the last one; rng.randrange(size) picks any."
+        )
+    if out[:50] == list(range(50)):
+        raise CheckFailed(
+            "the first 50 samples out are the first 50 in, in the order they went in: first in, "
+            "first out, which only delays the stream. Pick the sample to yield at random "
+            "(rng.randrange(len(buffer))), and put the newcomer in its place."
         )
     if sorted(out[:50]) == list(range(50)):
         raise CheckFailed(
@@ -509,12 +540,14 @@ def check_shuffle_buffer(shuffle_buffer, shards):
     )
 
 
-def _keys_by_rank(stream_class, shards, epoch, world_size=2, num_workers=3, seed=0):
+def _keys_by_rank(stream_class, shards, epoch, buffer_size, world_size=2, num_workers=3, seed=0):
     """The first field of every item that ``stream_class`` yields in ``epoch``, per rank, read
     by ``num_workers`` real, forked DataLoader workers (a class from a notebook reaches them so)."""
     keys = []
     for rank in range(world_size):
-        dataset = stream_class(shards, rank=rank, world_size=world_size, seed=seed, buffer_size=100)
+        dataset = stream_class(
+            shards, rank=rank, world_size=world_size, seed=seed, buffer_size=buffer_size
+        )
         keys.append([item[0] for item in _forked_epochs(dataset, num_workers, [epoch])[0]])
     return keys
 
@@ -598,9 +631,10 @@ def _check_shards_mix(keys, shards):
         )
 
 
-def _alone_explained(alone, shards, expected):
+def _alone_explained(alone, shards, expected, buffer_size):
     """Why one rank without workers did not stream every sample once: shards it never read while
-    it read the others whole, or else where to start looking."""
+    it read the others whole, a buffer never drained (exactly ``buffer_size`` samples missing), or
+    else where to start looking."""
     from ..shardread import iter_shard_samples
 
     arrived, keys_of = set(alone), {}
@@ -618,19 +652,28 @@ def _alone_explained(alone, shards, expected):
             "arrived whole: rank 0 of 1, worker 0 of 1, must read every shard. Look at where "
             "your slices start and end."
         )
+    if len(alone) == len(arrived) == expected - buffer_size:
+        return (
+            f"{counts} Exactly buffer_size (here {buffer_size}) samples never arrived: those "
+            "the buffer still held when the shards ran out. After the loop, shuffle what is left "
+            "in the buffer and yield it too."
+        )
     return (
         f"{counts} Start there: with no workers, get_worker_info() is None (worker 0 of 1); and "
         "when the shards run out, the buffer still holds samples to give."
     )
 
 
-def _check_stream_seeding(stream_class, shards, alone):
+def _check_stream_seeding(stream_class, shards, alone, buffer_size):
     """The order of one rank, no workers, follows ``(seed, epoch)`` and nothing else: the same
     pair gives ``alone`` again, another seed another order, and seed 1's epoch 0 is not seed 0's
     epoch 1."""
 
     def order(seed, epoch):
-        return _keys_by_rank(stream_class, shards, epoch, world_size=1, num_workers=0, seed=seed)[0]
+        (keys,) = _keys_by_rank(
+            stream_class, shards, epoch, buffer_size, world_size=1, num_workers=0, seed=seed
+        )
+        return keys
 
     first_of_seed_1 = order(1, 0)
     if order(0, 0) != alone:
@@ -652,10 +695,10 @@ def _check_stream_seeding(stream_class, shards, alone):
         )
 
 
-def _check_workers_that_stay(stream_class, shards, first):
+def _check_workers_that_stay(stream_class, shards, first, buffer_size):
     """Rank 0 of 2 with 3 workers that stay (``persistent_workers=True``) streams ``first`` (its
     keys in epoch 0 from workers made for it) in epoch 0 and a new order in epoch 1."""
-    dataset = stream_class(shards, rank=0, world_size=2, seed=0, buffer_size=100)
+    dataset = stream_class(shards, rank=0, world_size=2, seed=0, buffer_size=buffer_size)
     by_epoch = _forked_epochs(dataset, 3, [0, 1], persistent_workers=True)
     epochs = [[item[0] for item in items] for items in by_epoch]
     if epochs[0] != first:
@@ -674,11 +717,11 @@ def _check_workers_that_stay(stream_class, shards, first):
         )
 
 
-def _alone_keys(stream_class, shards):
+def _alone_keys(stream_class, shards, buffer_size):
     """The keys one rank without workers streams in epoch 0, iterating one dataset twice;
     ``CheckFailed`` naming what a first run shows: no worker info, no iterator, items that are not
     ``(key, label)``, a global generator touched, a second pass that differs."""
-    dataset = stream_class(shards, rank=0, world_size=1, seed=0, buffer_size=100)
+    dataset = stream_class(shards, rank=0, world_size=1, seed=0, buffer_size=buffer_size)
     dataset.set_epoch(0)
     before = _random_state()
     passes = [_items_of(dataset), _items_of(dataset)]
@@ -733,30 +776,44 @@ def _items_of(dataset):
     return [tuple(item) for item in items]
 
 
-def _check_workers_read_their_shards(stream_class, shards):
-    """One rank, 3 forked workers: ``CheckFailed`` when a worker reads more than its share of the
-    shards (a split of the samples, not the shards), counted through ``read_samples`` where the
-    class finds it."""
-    import os
+@contextmanager
+def _read_samples_wrapped(stream_class, wrap):
+    """Within the block, the ``read_samples`` that ``stream_class`` calls (a global of the module
+    that defines it, a notebook's) is ``wrap(read_samples)``; yields whether there was one to
+    wrap."""
     import sys
-    import tempfile
 
     module = sys.modules.get(stream_class.__module__)
     read = getattr(module, "read_samples", None)
     if not callable(read):
+        yield False
         return
+    module.read_samples = wrap(read)
+    try:
+        yield True
+    finally:
+        module.read_samples = read
+
+
+def _check_workers_read_their_shards(stream_class, shards, buffer_size):
+    """One rank, 3 forked workers: ``CheckFailed`` when a worker reads more than its share of the
+    shards (a split of the samples, not the shards), counted through ``read_samples`` where the
+    class finds it."""
+    import os
+    import tempfile
+
     with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
 
-        def counted(shard):
-            with open(log.name, "a") as file:
-                file.write(f"{os.getpid()}\t{shard}\n")
-            return read(shard)
+        def logged(read):
+            def counted(shard):
+                with open(log.name, "a") as file:
+                    file.write(f"{os.getpid()}\t{shard}\n")
+                return read(shard)
 
-        module.read_samples = counted
-        try:
-            _keys_by_rank(stream_class, shards, epoch=0, world_size=1)
-        finally:
-            module.read_samples = read
+            return counted
+
+        with _read_samples_wrapped(stream_class, logged):
+            _keys_by_rank(stream_class, shards, 0, buffer_size, world_size=1)
         per_worker = Counter(line.split("\t")[0] for line in set(log.read().splitlines()))
     count = len(list(shards))
     if per_worker and max(per_worker.values()) > -(-count // 3):
@@ -768,6 +825,43 @@ def _check_workers_read_their_shards(stream_class, shards):
         )
 
 
+def _check_reads_as_it_yields(stream_class, shards, buffer_size):
+    """One rank, no workers: ``CheckFailed`` when the stream reads more than ``buffer_size`` + 1
+    samples ahead of those it yielded (it holds them all in memory), counted through
+    ``read_samples`` where the class finds it."""
+    read = 0
+
+    def counting(read_samples):
+        def counted(shard):
+            nonlocal read
+            for sample in read_samples(shard):
+                read += 1
+                yield sample
+
+        return counted
+
+    dataset = stream_class(shards, rank=0, world_size=1, seed=0, buffer_size=buffer_size)
+    dataset.set_epoch(0)
+    with _read_samples_wrapped(stream_class, counting):
+        for yielded, _ in enumerate(dataset):
+            if read > buffer_size + 1 + yielded:
+                which = "its first" if yielded == 0 else f"sample {yielded + 1}"
+                raise CheckFailed(
+                    f"one rank, no workers: your stream read {read} samples before it yielded "
+                    f"{which}: a shuffle buffer holds at most buffer_size (here {buffer_size}) "
+                    "and yields one sample for each newcomer; reading all first needs the memory "
+                    "of the whole part. Put each sample read_samples gives into the buffer as it "
+                    "comes."
+                )
+
+
+def _buffer_size_for(expected):
+    """The stream check's buffer: a quarter of a worker's share of ``expected`` samples (2 ranks
+    × 3 workers), so that it fills and a buffer that does not mix shows; at most 100, and at least
+    10, which a worker's share of a tiny dataset never fills."""
+    return max(10, min(100, expected // 6 // 4))
+
+
 def check_shard_stream(stream_class, shards):
     """Lesson 4: ``stream_class(shards, rank, world_size, seed, buffer_size)``, an
     ``IterableDataset`` with ``set_epoch``, streams every sample exactly once per epoch across 2
@@ -776,10 +870,11 @@ def check_shard_stream(stream_class, shards):
     from ..shardread import count_shard_samples
 
     expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
-    alone = _alone_keys(stream_class, shards)
+    buffer_size = _buffer_size_for(expected)
+    alone = _alone_keys(stream_class, shards, buffer_size)
     if sorted(alone) != sorted(set(alone)) or len(alone) != expected:
-        raise CheckFailed(_alone_explained(alone, shards, expected))
-    epochs = [_keys_by_rank(stream_class, shards, epoch) for epoch in (0, 1)]
+        raise CheckFailed(_alone_explained(alone, shards, expected, buffer_size))
+    epochs = [_keys_by_rank(stream_class, shards, epoch, buffer_size) for epoch in (0, 1)]
     for epoch, per_rank in enumerate(epochs):
         reason = _duplicates_explained(per_rank, expected)
         if reason:
@@ -797,7 +892,7 @@ def check_shard_stream(stream_class, shards):
             "and worker: a shuffle of each part after the split, or a shard shuffle whose seed "
             "lacks the epoch, deals every rank the same shards each epoch."
         )
-    _check_workers_read_their_shards(stream_class, shards)
+    _check_workers_read_their_shards(stream_class, shards, buffer_size)
     together = _shard_neighbours(epochs[0][0], shards)
     if together > 0.5:
         raise CheckFailed(
@@ -806,8 +901,9 @@ def check_shard_stream(stream_class, shards):
             "sample."
         )
     _check_shards_mix(alone, shards)
-    _check_stream_seeding(stream_class, shards, alone)
-    _check_workers_that_stay(stream_class, shards, epochs[0][0])
+    _check_reads_as_it_yields(stream_class, shards, buffer_size)
+    _check_stream_seeding(stream_class, shards, alone, buffer_size)
+    _check_workers_that_stay(stream_class, shards, epochs[0][0], buffer_size)
     passed(
         f"2 ranks × 3 workers streamed all {expected:,} samples exactly once per epoch, in a new "
         f"order each epoch, {together:.0%} of neighbours still together."
