@@ -1897,6 +1897,7 @@ def loader_maker(
     workers=2,
     buffer=0,
     own_shuffle=False,
+    with_epoch=0,
     **batching,
 ):
     def make_loader(shards, epoch):
@@ -1916,6 +1917,7 @@ def loader_maker(
         dataset = dataset.shuffle(buffer) if buffer else dataset
         dataset = dataset.to_tuple(*fields)
         dataset = dataset.batched(batch, **batching) if batch else dataset
+        dataset = dataset.with_epoch(with_epoch) if with_epoch else dataset
         return wds.WebLoader(dataset, batch_size=None, num_workers=workers)
 
     return make_loader
@@ -1955,7 +1957,16 @@ def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
         (loader_maker(collation_fn=None), "no collation_fn"),
         (loader_maker(seed_from_epoch=False), "seed that shuffle from the epoch"),
         (loader_maker(select=lambda name: name.endswith(".cls")), "does not pickle"),
-        (loader_maker(options={"workersplitter": None}.items()), "Leave workersplitter"),
+        (
+            loader_maker(options={"workersplitter": None}.items()),
+            "every sample arrived twice: each of its 2 workers read all of the rank's shards. "
+            "Leave workersplitter",
+        ),
+        (loader_maker(with_epoch=100), "with_epoch and resampled=True repeat samples"),
+        (
+            loader_maker(with_epoch=100, options={"resampled": True}.items()),
+            "An exact epoch needs neither",
+        ),
         (loader_maker(options={"shardshuffle": False}.items()), "shardshuffle=len(shards)"),
         (loader_maker(seed_from_epoch=False, buffer=100), "seeded 0 in epochs 0 and 1"),
         (
@@ -1976,6 +1987,16 @@ def test_each_webdataset_mistake_is_named(tiny_dataset, maker, named):
     with pytest.raises(feedback.CheckFailed) as failed:
         webdataset_checks.check_webdataset_loader(maker, tiny_shards(tiny_dataset))
     assert named in str(failed.value)
+
+
+def test_a_webdataset_error_in_a_worker_leaves_no_worker_behind(tiny_dataset):
+    before = set(multiprocessing.active_children())
+    with pytest.raises(feedback.CheckFailed, match="give it a nodesplitter") as failed:
+        webdataset_checks.check_webdataset_loader(
+            loader_maker(splitter=wds.single_node_only), tiny_shards(tiny_dataset)
+        )
+    assert failed.value.__context__.__traceback__  # the worker's error, kept with the check's
+    assert set(multiprocessing.active_children()) <= before
 
 
 CASES.update(

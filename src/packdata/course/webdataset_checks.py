@@ -2,6 +2,7 @@
 audited epoch by epoch.
 """
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -91,13 +92,7 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
             loader = make_loader(shards, epoch)
             dataset = _dataset_of(loader)
             _check_pickles(dataset)
-            batches, keys = iter(loader), []
-            try:
-                for batch in batches:
-                    keys += _batch_keys(batch)
-            finally:  # stop the workers here, not when a later check's fork collects the iterator
-                _stop(batches)
-            return keys, _shard_order(dataset)
+            return _keys_of(loader), _shard_order(dataset)
     except ValueError as error:
         if "nodesplitter" in str(error):
             raise CheckFailed(
@@ -147,6 +142,36 @@ def _shard_order(dataset):
     return _ShardOrder((list(given.urls), getattr(given, "seed", None)), size, seed)
 
 
+def _keys_of(loader):
+    """The keys of every batch ``loader`` yields. Its workers are stopped here, even when it
+    raises, not when a later check's fork collects its iterator: an error from a worker keeps the
+    DataLoader's iterator, and so its workers, alive in its traceback (a notebook keeps the last
+    error), even when a ``CheckFailed`` raised ``from None`` replaces it."""
+    batches, keys = iter(loader), []
+    try:
+        for batch in batches:
+            keys += _batch_keys(batch)
+    except Exception as error:
+        _stop_workers_behind(error)
+        raise
+    finally:
+        _stop(batches)
+    return keys
+
+
+def _stop_workers_behind(error):
+    """Stop the workers of each DataLoader iterator in ``error``'s traceback (the one that raised
+    a worker's error here, inside a ``WebLoader``'s generator)."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    trace = error.__traceback__
+    while trace is not None:
+        iterator = trace.tb_frame.f_locals.get("self")
+        if isinstance(iterator, _MultiProcessingDataLoaderIter):
+            iterator._shutdown_workers()
+        trace = trace.tb_next
+
+
 def _stop(batches):
     """Stop the worker processes behind ``batches``, a ``WebLoader``'s generator or a
     ``DataLoader``'s iterator, even when it was not read to its end."""
@@ -160,10 +185,19 @@ def _webdataset_epoch_explained(epoch, per_rank, expected):
     everyone = per_rank[0] + per_rank[1]
     twice_within = [rank for rank, keys in enumerate(per_rank) if len(keys) != len(set(keys))]
     if twice_within and len(set(everyone)) == expected:
+        rank = twice_within[0]
+        if set(Counter(per_rank[rank]).values()) == {2}:  # once from each worker
+            return (
+                f"epoch {epoch}: within rank {rank}, every sample arrived twice: each of its 2 "
+                "workers read all of the rank's shards. Leave workersplitter at its default "
+                "(wds.split_by_worker)."
+            )
         return (
-            f"epoch {epoch}: within rank {twice_within[0]}, samples arrived more than once: each "
-            "of its 2 workers read all of the rank's shards. Leave workersplitter at its default "
-            "(wds.split_by_worker)."
+            f"epoch {epoch}: within rank {rank}, {len(per_rank[rank])} samples arrived, "
+            f"{len(set(per_rank[rank]))} distinct: with_epoch and resampled=True repeat samples "
+            "(in webdataset 1.0.2, .with_epoch(n) cuts or repeats each worker's stream to n "
+            "items; resampled=True draws shards with replacement, without end). An exact epoch "
+            "needs neither: leave both out, and each worker reads its shards once."
         )
     if len(everyone) == 2 * expected and len(set(everyone)) == expected:
         return (
