@@ -42,11 +42,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import jupytext
+import nbformat
 import pytest
 from browser import CHROMIUM, OFFLINE_FLAGS
 from labserver import lab_server
 
-from packdata.course.slides import build_slides
+from packdata.course.slides import build_slides, exporter
 
 ROOT = Path(__file__).resolve().parents[1]
 # The site (scheme and host, no port) of every page the tests open, and where requests may go.
@@ -177,6 +178,14 @@ def assert_offline(net_log, expected):
     )
     outside = sorted({url for url in urls if leaves_the_machine(url)})
     assert not outside, f"requests that leave the machine: {outside}"
+
+
+def test_a_progress_line_rewritten_with_carriage_returns_shows_its_last_state():
+    cell = nbformat.v4.new_code_cell("!packdata shards map ...")
+    progress = "\rmapped 1/2 shards (a)\rmapped 2/2 shards (b)\n"
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=progress)]
+    html_text, _ = exporter().from_notebook_node(nbformat.v4.new_notebook(cells=[cell]))
+    assert "mapped 2/2 shards (b)" in html_text and "mapped 1/2" not in html_text
 
 
 @pytest.fixture(scope="module", params=LESSONS)

@@ -10,6 +10,7 @@ from pathlib import Path
 import jupytext
 from nbclient import NotebookClient
 from nbconvert import SlidesExporter
+from traitlets.config import Config
 
 from packdata.shardcache import flocked
 
@@ -117,6 +118,15 @@ def deck_slides(cells):
     return starts + (bool(shown) and slide_type(shown[0]) not in ("slide", "subslide"))
 
 
+def exporter(**traits):
+    """nbconvert's slide exporter with ``traits``, which also merges each cell's stream outputs
+    and applies their carriage returns, as a terminal and JupyterLab do: a progress line rewritten
+    with ``\r`` (a command run by ``!`` gets a terminal) shows its last state, not every state
+    glued into one line."""
+    coalesced = Config({"CoalesceStreamsPreprocessor": {"enabled": True}})
+    return SlidesExporter(config=coalesced, **traits)
+
+
 def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
     """Write one ``NN_topic.slides.html`` deck per ``NN_*.md`` lesson; return their paths."""
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
@@ -145,7 +155,7 @@ def build_slides(notebooks_dir, out_dir, execute=True, npm_prefix=None):
                 resources=resources,
             ).execute(stderr=subprocess.DEVNULL)  # the kernel's own stderr: lesson 3's worker
             # processes print their intended tracebacks there; the deck shows what cells print
-        html, _ = SlidesExporter(**traits).from_notebook_node(nb, resources=resources)
+        html, _ = exporter(**traits).from_notebook_node(nb, resources=resources)
         html = fit_to_screen(html)
         if offline:
             check_offline(html, lesson)
