@@ -10,7 +10,7 @@ from functools import partial
 
 import pytest
 
-from packdata import cli, engines
+from packdata import cli, compare, enginebench, engines
 from packdata.mapshards import map_shards, resize_sample, shell_sample
 from packdata.shardread import iter_shard_samples
 from packdata.shardwrite import write_shards
@@ -105,3 +105,19 @@ def test_the_command_line_maps_on_a_dask_scheduler(client, shards, tmp_path, cap
     assert {tuple(sorted(s)) for s in iter_shard_samples([str(out / shards[0].name)])} == {
         ("__key__", "__url__", "jpg")
     }
+
+
+def test_the_engine_verdict_predicts_the_ratio_from_the_cpu_per_shard():
+    rates = compare.Comparison({"pool": [800, 820, 810], "dask": [620, 600, 610]})
+    result = enginebench.EngineComparison(
+        rates,
+        startup={"pool": 0.0, "dask": 0.5},
+        per_task={"pool": 0.0001, "dask": 0.0035},
+        cpu_per_shard={"pool": 0.235, "dask": 0.305},
+        task_seconds=0.243,
+    )
+    last = result.verdict().splitlines()[-1]
+    assert (
+        last
+        == "dask spends 1.30× pool's CPU per shard: with the cores full, that alone predicts 0.77×"
+    )

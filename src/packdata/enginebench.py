@@ -38,14 +38,18 @@ class EngineComparison:
     task_seconds: float
 
     def verdict(self, top="dask", bottom="pool"):
-        """The measured ratio in words, and the share of a shard's time that the engine's cost
-        per task takes."""
+        """The measured ratio in words; the share of a shard's time that the engine's cost per
+        task takes; and the ratio that the CPU each spends per shard predicts where the map keeps
+        every core busy (rates then go as one over the CPU a shard takes)."""
         share = self.per_task[top] / self.task_seconds
+        cpu = self.cpu_per_shard[top] / self.cpu_per_shard[bottom]
         return (
             f"{self.rates.verdict(top, bottom)}\n"
             f"one shard's task takes {self.task_seconds * 1e3:,.0f} ms; {top} adds "
             f"{self.per_task[top] * 1e3:.1f} ms a task ({share:.1%} of it), {bottom} "
-            f"{self.per_task[bottom] * 1e3:.2f} ms"
+            f"{self.per_task[bottom] * 1e3:.2f} ms\n"
+            f"{top} spends {cpu:.2f}× {bottom}'s CPU per shard: with the cores full, that alone "
+            f"predicts {1 / cpu:.2f}×"
         )
 
     def __str__(self):
