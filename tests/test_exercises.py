@@ -360,34 +360,24 @@ class SwappedPair(FolderDataset):
         return label, image
 
 
-class TextLabels(FolderDataset):
-    def __getitem__(self, index):
-        image, label = super().__getitem__(index)
-        return image, str(label)
+def relabelled(dataset_class, convert):
+    """``dataset_class`` whose labels come out through ``convert``."""
+
+    class Relabelled(dataset_class):
+        def __getitem__(self, index):
+            image, label = super().__getitem__(index)
+            return image, convert(label)
+
+    return Relabelled
 
 
-class FloatLabels(FolderDataset):
-    def __getitem__(self, index):
-        image, label = super().__getitem__(index)
-        return image, float(label)
-
-
-class FloatTensorLabels(FolderDataset):
-    def __getitem__(self, index):
-        image, label = super().__getitem__(index)
-        return image, torch.tensor(label, dtype=torch.float32)
-
-
-class TensorLabels(FolderDataset):
-    def __getitem__(self, index):
-        image, label = super().__getitem__(index)
-        return image, torch.tensor(label)
-
-
-class ZipFloatLabels(ZipDataset):
-    def __getitem__(self, index):
-        image, label = super().__getitem__(index)
-        return image, float(label)
+TextLabels = relabelled(FolderDataset, str)
+FloatLabels = relabelled(FolderDataset, float)
+FloatTensorLabels = relabelled(
+    FolderDataset, lambda label: torch.tensor(label, dtype=torch.float32)
+)
+TensorLabels = relabelled(FolderDataset, torch.tensor)
+ZipFloatLabels = relabelled(ZipDataset, float)
 
 
 class OneBefore(FolderDataset):
