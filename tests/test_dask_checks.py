@@ -250,9 +250,24 @@ def test_each_unsafe_task_is_named(shards, task, named):
         check_shard_task(task, shards)
 
 
-def collect_as_completed(executor, task, jobs):
+def collect_as_completed(executor, task, jobs, progress=True):
     futures = {executor.submit(task, job): job for job in jobs}
-    return [(futures[future], future.result()) for future in as_completed(futures)]
+    results = []
+    for future in as_completed(futures):
+        results.append((futures[future], future.result()))
+        if progress:
+            print(f"{len(results)}/{len(jobs)} done")
+    return results
+
+
+def collect_silently(executor, task, jobs):
+    return collect_as_completed(executor, task, jobs, progress=False)
+
+
+def collect_then_report(executor, task, jobs):
+    results = collect_silently(executor, task, jobs)
+    print(f"{len(results)} done")
+    return results
 
 
 def collect_in_order(executor, task, jobs):
@@ -266,7 +281,12 @@ def collect_one_at_a_time(executor, task, jobs):
 
 def collect_swallowing_failures(executor, task, jobs):
     futures = {executor.submit(task, job): job for job in jobs}
-    return [(futures[f], f.result()) for f in as_completed(futures) if not f.exception()]
+    results = []
+    for future in as_completed(futures):
+        if not future.exception():
+            results.append((futures[future], future.result()))
+            print(f"{len(results)} done")
+    return results
 
 
 def collect_zipped_with_the_jobs(executor, task, jobs):
@@ -277,7 +297,8 @@ def collect_zipped_with_the_jobs(executor, task, jobs):
 
 def test_collecting_as_completed_passes(capsys):
     check_collect(collect_as_completed)
-    assert capsys.readouterr().out.startswith("✓")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "1/6 done" and printed[-1].startswith("✓")  # the progress shows too
 
 
 @pytest.mark.parametrize(
@@ -289,6 +310,8 @@ def test_collecting_as_completed_passes(capsys):
         (collect_sorted, "or sorted afterwards"),
         (collect_the_done_set, "which had finished earlier"),
         (collect_zipped_with_the_jobs, r"job 0 came with 10, which is task\(1\)'s result"),
+        (collect_silently, "collect printed no progress"),
+        (collect_then_report, "showed only once every job was done"),
     ],
 )
 def test_each_collecting_mistake_is_named(collect, named):

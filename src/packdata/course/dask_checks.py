@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 from ..layout import members_of
@@ -455,12 +455,41 @@ def _pairing_problem(got, jobs):
     )
 
 
+class _Timed(io.TextIOBase):
+    """A stream that passes what is written on to ``stream`` and notes when, for text that is
+    more than white space."""
+
+    def __init__(self, stream):
+        self.stream, self.times = stream, []
+
+    def write(self, text):
+        if text.strip():
+            self.times.append(time.perf_counter())
+        return self.stream.write(text)
+
+
+def _check_progress(times, slow_done):
+    """Progress was printed while the results came in: before the slow job, the last, was done."""
+    if not times:
+        raise CheckFailed(
+            "collect printed no progress: print a line as each result comes in, such as "
+            'print(f"{len(results)}/{len(jobs)} done")'
+        )
+    if min(times) > slow_done:
+        raise CheckFailed(
+            "the progress showed only once every job was done: print inside the loop over "
+            "as_completed, as each result comes in"
+        )
+
+
 def check_collect(collect):
     """``collect(executor, task, jobs)`` returns ``[(job, result)]`` in the order the results came:
-    all submitted first, collected as they complete, a failure raised."""
+    all submitted first, collected as they complete, progress printed as they come, a failure
+    raised."""
     state = {"lock": threading.Lock(), "running": 0, "most": 0, "finished": {}}
     jobs = list(range(6))
-    with ThreadPoolExecutor(2) as executor:
+    printed = _Timed(sys.stdout)
+    with ThreadPoolExecutor(2) as executor, redirect_stdout(printed):
         got = list(collect(executor, _job_task(state), jobs))
     if sorted(got) != [(job, job * 10) for job in jobs]:
         raise CheckFailed(
@@ -483,6 +512,7 @@ def check_collect(collect):
             "results are not in the order they came (a set of done futures has no order). "
             "Collect them with concurrent.futures.as_completed, one as each completes"
         )
+    _check_progress(printed.times, state["finished"][SLOW_JOB])
     with ThreadPoolExecutor(2) as executor:
         try:
             list(collect(executor, _job_task(state), [1, "fails", 2]))
@@ -492,4 +522,7 @@ def check_collect(collect):
             raise CheckFailed(
                 "a failing task was swallowed: future.result() raises the task's error; let it"
             )
-    passed("results collected as they complete, the slow job last; a failure is raised")
+    passed(
+        "results collected as they complete, the slow job last, with progress as they came; a "
+        "failure is raised"
+    )
