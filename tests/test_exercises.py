@@ -1725,11 +1725,12 @@ def stream_class(mistake=None):
             if mistake == "the loader's worker seed" and info is not None:
                 rng = random.Random(info.seed)  # another in every loader
             buffer = self.__dict__.setdefault("kept", []) if mistake == "buffer on self" else []
+            size = 4 if mistake == "buffer_size ignored" else self.buffer_size
             for sample in samples:
-                if len(buffer) < self.buffer_size:
+                if len(buffer) < size:
                     buffer.append(sample)
                     continue
-                index = rng.randrange(self.buffer_size)
+                index = rng.randrange(size)
                 yield buffer[index]
                 buffer[index] = sample
             if mistake != "buffer kept":
@@ -1759,6 +1760,7 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("last shard lost", "No sample of 1 shard(s) arrived (train-"),
         ("buffer kept", "Exactly buffer_size (here 10) samples never arrived: those the buffer"),
         ("whole part buffered", "your stream read 60 samples before it yielded its first"),
+        ("buffer_size ignored", "yielded its first sample after reading 5, though buffer_size"),
         ("seed ignored", "mix self.seed"),
         ("seed plus epoch", "seed + epoch makes them collide"),
         ("unseeded buffer", "in another order the second time"),

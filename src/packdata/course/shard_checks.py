@@ -827,8 +827,9 @@ def _check_workers_read_their_shards(stream_class, shards, buffer_size):
 
 def _check_reads_as_it_yields(stream_class, shards, buffer_size):
     """One rank, no workers: ``CheckFailed`` when the stream reads more than ``buffer_size`` + 1
-    samples ahead of those it yielded (it holds them all in memory), counted through
-    ``read_samples`` where the class finds it."""
+    samples ahead of those it yielded (it holds them all in memory), or yields its first before
+    ``buffer_size`` were read while more were to come (a smaller buffer than asked), counted
+    through ``read_samples`` where the class finds it."""
     read = 0
 
     def counting(read_samples):
@@ -842,8 +843,10 @@ def _check_reads_as_it_yields(stream_class, shards, buffer_size):
 
     dataset = stream_class(shards, rank=0, world_size=1, seed=0, buffer_size=buffer_size)
     dataset.set_epoch(0)
+    first = None  # how many were read when the first sample came out
     with _read_samples_wrapped(stream_class, counting):
         for yielded, _ in enumerate(dataset):
+            first = read if first is None else first
             if read > buffer_size + 1 + yielded:
                 which = "its first" if yielded == 0 else f"sample {yielded + 1}"
                 raise CheckFailed(
@@ -853,6 +856,12 @@ def _check_reads_as_it_yields(stream_class, shards, buffer_size):
                     "of the whole part. Put each sample read_samples gives into the buffer as it "
                     "comes."
                 )
+    if first is not None and first < buffer_size < read:
+        raise CheckFailed(
+            f"one rank, no workers: your stream yielded its first sample after reading {first}, "
+            f"though buffer_size is {buffer_size}: a shuffle buffer fills to buffer_size before "
+            "it yields, or it mixes less than it was asked to. Use self.buffer_size."
+        )
 
 
 def _buffer_size_for(expected):
