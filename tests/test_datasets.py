@@ -19,10 +19,12 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
 from packdata import netstore as store_module
+from packdata.audit import audit_reads, expected_checksums
 from packdata.datasets import (
     FolderDataset,
     HttpDataset,
     IndexedTarDataset,
+    SharedHandleTarDataset,
     WorkerSafeZipDataset,
     ZipDataset,
 )
@@ -287,6 +289,29 @@ def test_archive_datasets_give_the_folder_samples(tiny_dataset, archives, kind, 
         assert torch.equal(image, folder[index][0]) and label == folder[index][1]
         if payload == "jpeg":
             assert dataset.read_bytes(index) == folder.read_bytes(index)
+
+
+def test_a_tar_read_through_one_shared_handle_is_right_without_workers(archives):
+    shared, indexed = (
+        kind(archives / "jpeg.tar") for kind in (SharedHandleTarDataset, IndexedTarDataset)
+    )
+    backwards = range(len(indexed) - 1, -1, -1)  # seeks both ways
+    assert [shared.read_bytes(i) for i in backwards] == [indexed.read_bytes(i) for i in backwards]
+
+
+def test_a_tar_read_through_one_shared_handle_goes_silently_wrong_in_forked_workers(
+    tiny_dataset, archives
+):
+    # lesson 3's point: the workers share the file's offset, and a tar has no data checksum
+    tar = archives / "jpeg.tar"
+    checksums = expected_checksums(IndexedTarDataset(tar), load_manifest(tiny_dataset))
+    for _ in range(20):  # a race: epochs until it shows
+        audit = audit_reads(
+            SharedHandleTarDataset(tar), checksums, num_workers=4, multiprocessing_context="fork"
+        )
+        if audit.wrong:
+            break
+    assert audit.wrong and not audit.errors
 
 
 def test_decode_image_asks_for_bytes_when_given_a_path(tiny_dataset):
