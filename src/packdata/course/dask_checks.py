@@ -65,10 +65,8 @@ def _check_outputs(task, jobs, folder):
     if missing:
         raise CheckFailed(f"no {missing[0]} after its task: write the output at `target`")
     inputs = _samples(source for source, _ in jobs)
-    with warnings.catch_warnings(record=True) as warned:
-        warnings.simplefilter("always")
-        outputs = _samples(targets)
-    if _unended(warned):
+    outputs, ended = _read_whole(targets)
+    if not ended:
         raise CheckFailed(
             "an output ends without tar's end-of-archive blocks: the TarWriter was never "
             "closed. Close it (end a `with wds.TarWriter(...) as sink:` block) before the rename"
@@ -239,21 +237,25 @@ def _killed_while_writing(task, source, target):
     return wrote_in[0] if wrote_in else None
 
 
+def _read_whole(paths):
+    """``_samples(paths)``, and whether every tar there ends with its end-of-archive blocks (a
+    writer never closed leaves them out, and the reader only warns)."""
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        samples = _samples(paths)
+    return samples, not any("end-of-archive" in str(warning.message) for warning in warned)
+
+
 def _holds(shard, keys):
     """Whether ``shard`` holds the samples ``keys``, sorted, and tar's end-of-archive blocks;
     one cut short quietly does not."""
-    with warnings.catch_warnings(record=True) as warned:
-        warnings.simplefilter("always")  # the warning that the shard was cut short
-        try:
-            held = Path(shard).exists() and sorted(_samples([shard])) == keys
-        except (ValueError, CheckFailed):
-            return False
-    return held and not _unended(warned)
-
-
-def _unended(warned):
-    """Whether the warnings ``warned`` say that a tar lacks its end-of-archive blocks."""
-    return any("end-of-archive" in str(warning.message) for warning in warned)
+    if not Path(shard).exists():
+        return False
+    try:
+        samples, ended = _read_whole([shard])
+    except (ValueError, CheckFailed):
+        return False
+    return ended and sorted(samples) == keys
 
 
 def _check_kill(task, shards, folder):

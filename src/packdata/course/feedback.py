@@ -75,3 +75,13 @@ def mismatch(got, expected, unit="", tolerance=0):
 def is_whole(value):
     """Whether ``value`` is a whole number: an int, or a NumPy integer (not a bool)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def stop_workers(batches):
+    """Stop the worker processes behind ``batches``, a ``DataLoader``'s iterator or a
+    ``WebLoader``'s generator, even when it was not read to its end (``None``, or an iterator
+    without workers, has none). A check calls it before it raises: the learner's error, kept with
+    its traceback as a notebook keeps the last one, would otherwise keep the workers alive."""
+    stop = getattr(batches, "close", None) or getattr(batches, "_shutdown_workers", None)
+    if stop:
+        stop()

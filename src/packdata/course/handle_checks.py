@@ -5,10 +5,7 @@
 
 import re
 
-from .feedback import (
-    CheckFailed,
-    passed,
-)
+from .feedback import CheckFailed, passed, stop_workers
 
 # what pickle says of an open file or a lock: "cannot pickle '_io.BufferedReader' object" up to
 # Python 3.11, "cannot pickle 'BufferedReader' instances" from 3.12; "'_thread.RLock' object";
@@ -84,7 +81,7 @@ def _in_a_forked_worker(dataset, **loader_kwargs):
     try:
         return next(items)
     finally:
-        items._shutdown_workers()
+        stop_workers(items)
 
 
 def _forked_worker_handles(dataset, handle):

@@ -8,10 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .. import imagefolder
-from .feedback import (
-    CheckFailed,
-    passed,
-)
+from .feedback import CheckFailed, passed, stop_workers
 
 # the check's own data: 10 classes of 60 keys each, in key order, which is class order (as a dataset
 # folder lists them)
@@ -253,8 +250,7 @@ def _forked_epochs(dataset, num_workers, epochs, **options):
                 items.append(list(iterator))
             return items
         finally:
-            if hasattr(iterator, "_shutdown_workers"):  # none without workers
-                iterator._shutdown_workers()
+            stop_workers(iterator)
 
 
 def _stream_keys(shards, world_size=2, num_workers=3, epoch=0, **options):

@@ -6,10 +6,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from .feedback import (
-    CheckFailed,
-    passed,
-)
+from .feedback import CheckFailed, passed, stop_workers
 
 
 def _dataset_of(loader):
@@ -155,7 +152,7 @@ def _keys_of(loader):
         _stop_workers_behind(error)
         raise
     finally:
-        _stop(batches)
+        stop_workers(batches)
     return keys
 
 
@@ -168,16 +165,8 @@ def _stop_workers_behind(error):
     while trace is not None:
         iterator = trace.tb_frame.f_locals.get("self")
         if isinstance(iterator, _MultiProcessingDataLoaderIter):
-            iterator._shutdown_workers()
+            stop_workers(iterator)
         trace = trace.tb_next
-
-
-def _stop(batches):
-    """Stop the worker processes behind ``batches``, a ``WebLoader``'s generator or a
-    ``DataLoader``'s iterator, even when it was not read to its end."""
-    stop = getattr(batches, "close", None) or getattr(batches, "_shutdown_workers", None)
-    if stop:
-        stop()
 
 
 def _webdataset_epoch_explained(epoch, per_rank, expected):
