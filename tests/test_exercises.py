@@ -1722,6 +1722,8 @@ def stream_class(mistake=None):
                 return
             if mistake == "unseeded buffer":
                 rng = random.Random()
+            if mistake == "buffer seed without the epoch":
+                rng = random.Random(f"{seed}:{self.rank}:{worker}")
             if mistake == "the loader's worker seed" and info is not None:
                 rng = random.Random(info.seed)  # another in every loader
             buffer = self.__dict__.setdefault("kept", []) if mistake == "buffer on self" else []
@@ -1773,6 +1775,7 @@ def test_a_right_stream_passes(tiny_dataset, capsys):
         ("shuffled within shards", "shuffled within each shard, never across them"),
         ("epoch in an attribute", "workers that stay (persistent_workers=True), epoch 1 repeated"),
         ("the loader's worker seed", "not get_worker_info().seed"),
+        ("buffer seed without the epoch", "the buffer made the same random choices both"),
     ],
 )
 def test_each_stream_mistake_is_named(tiny_dataset, mistake, named):

@@ -691,6 +691,25 @@ def _check_stream_seeding(stream_class, shards, alone, buffer_size):
         )
 
 
+def _check_buffer_follows_epoch(stream_class, shards, buffer_size):
+    """One shard alone, whose place no shard shuffle can change, comes mixed otherwise in epoch 1
+    than in epoch 0: the buffer's generator is seeded with the epoch too."""
+    one = shards[:1]
+    name = str(one[0]).rsplit("/", 1)[-1]
+    orders = [
+        _keys_by_rank(stream_class, one, epoch, buffer_size, world_size=1, num_workers=0)[0]
+        for epoch in (0, 1)
+    ]
+    if orders[0] == orders[1]:
+        raise CheckFailed(
+            f"a stream of one shard ({name}) came in the same order in epochs 0 and 1: the "
+            "shard shuffle cannot move a lone shard, so the buffer made the same random choices "
+            "both epochs. Seed the buffer's generator with the epoch too, "
+            'random.Random(f"{seed}:{epoch}:{rank}:{worker}"), or every epoch mixes each '
+            "stretch of shards the same way."
+        )
+
+
 def _check_workers_that_stay(stream_class, shards, first, buffer_size):
     """Rank 0 of 2 with 3 workers that stay (``persistent_workers=True``) streams ``first`` (its
     keys in epoch 0 from workers made for it) in epoch 0 and a new order in epoch 1."""
@@ -908,6 +927,7 @@ def check_shard_stream(stream_class, shards):
     _check_shards_mix(alone, shards)
     _check_reads_as_it_yields(stream_class, shards, buffer_size)
     _check_stream_seeding(stream_class, shards, alone, buffer_size)
+    _check_buffer_follows_epoch(stream_class, expand_shards(shards), buffer_size)
     _check_workers_that_stay(stream_class, shards, epochs[0][0], buffer_size)
     passed(
         f"2 ranks × 3 workers streamed all {expected:,} samples exactly once per epoch, in a new "
