@@ -81,7 +81,7 @@ lint: setup  ## ruff: lint and format check of the package, tests, benchmark and
 hooks: setup  ## install the pre-commit hooks (ruff, jupytext sync) into this clone's .git
 	@$(BIN)/pre-commit install
 
-bench: setup data  ## every loader side by side, targets judged on the photos: build/bench/report.md (3.8 minutes on 2 quiet cores)
+bench: setup data  ## every loader side by side, targets judged on the photos: build/bench/report.md (4 to 7 minutes on 2 quiet cores)
 	@$(BIN)/python benchmarks/report.py
 
 bench-quick: setup  ## the same on 100 photos and 500 shapes, to check that every loader runs (judges nothing)

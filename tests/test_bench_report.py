@@ -106,3 +106,15 @@ def test_gpu_benchmark_runs_its_loops_on_the_cpu():
         assert f"\n{setting} " in done.stdout
     assert " 2 workers: " in done.stdout and "waiting" in done.stdout
     assert "the loader must read" in done.stdout
+
+
+def test_the_bytes_limit_is_each_round_s_fastest_plain_read_paired_with_the_rest():
+    report = load_report()
+    results = report.Results(samples=10, sample_bytes=1e5)
+    rounds = {report.WHOLE: [10, 40], report.CUT: [20, 10], report.AT_OFFSETS: [30, 20]}
+    together = {f"raw/{name}" for name in [*rounds, "ours"]}
+    for name, rates in [*rounds.items(), ("ours", [15, 20])]:
+        results.rates[f"raw/{name}"], results.turns[f"raw/{name}"] = rates, set(together)
+    results.add_fastest("raw", report.LIMIT, report.PLAIN_READS)
+    assert results.rates[f"raw/{report.LIMIT}"] == [30, 40]
+    assert results.paired_ratios("raw/ours", f"raw/{report.LIMIT}") == [0.5, 0.5]

@@ -808,6 +808,12 @@ def stage_past_the_break_even(copy_s, remote_epoch_s, local_epoch_s, epochs, scr
     return "stage" if epochs > copy_s / (remote_epoch_s - local_epoch_s) else "stream"
 
 
+def stage_from_the_break_even(copy_s, remote_epoch_s, local_epoch_s, epochs, scratch, size):
+    if size > scratch or remote_epoch_s == local_epoch_s:
+        return "stream"
+    return "stage" if epochs >= copy_s / (remote_epoch_s - local_epoch_s) else "stream"
+
+
 def stream_when_it_just_fits(*case):
     *_, scratch, size = case
     return "stream" if size >= scratch else stage_or_stream_right(*case)
@@ -1588,6 +1594,7 @@ STUBS.update({"check_per_process_handle": StubPerProcessZip, "check_spawn_ready"
         ("check_stage_or_stream", stage_with_the_copy_as_an_epoch, "stand in for an epoch"),
         ("check_stage_or_stream", stage_past_the_break_even, "staging never pays back"),
         ("check_stage_or_stream", stream_when_it_just_fits, "exactly as big as the free space"),
+        ("check_stage_or_stream", stage_from_the_break_even, "you stage from the break-even on"),
         (
             "check_samples_per_shard",
             lambda lat, bw, b, e: int(costmodel.size_for_efficiency(lat, bw, e) / b) + 1,

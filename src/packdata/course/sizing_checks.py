@@ -148,6 +148,16 @@ def check_stage_or_stream(stage_or_stream):
             ),
         ),
         (
+            "you stage from the break-even on, epochs >= copy_s / (remote_epoch_s - "
+            "local_epoch_s): at the break-even itself both plans take as long, so stream (it "
+            "starts at once); and when the disk is slower than the network the break-even is "
+            "negative, so every number of epochs passes it though staging never pays back. "
+            "Compare the whole job each way: copy + epochs × local against epochs × remote.",
+            lambda c, r, loc, e, scratch, size: (
+                "stage" if size <= scratch and r != loc and e >= c / (r - loc) else "stream"
+            ),
+        ),
+        (
             "fitting on scratch is not enough: staging must also save time, and it does not "
             "when there are few epochs, or when the disk is no faster than the network.",
             lambda c, r, loc, e, scratch, size: "stage" if size <= scratch else "stream",
