@@ -125,7 +125,7 @@ def saved_code_cells(page, lesson, timeout=60):
         done = all(cell["execution_count"] for cell in code) and NOTE in lesson.read_text()
         if done or time.monotonic() > deadline:
             return code
-        page.press("s", "KeyS", 83, modifiers=2)
+        press_save(page, tries=1)
         time.sleep(2)
 
 

@@ -285,7 +285,8 @@ def _check_exactly_once(shards, what, **options):
     from ..layout import expand_shards
     from ..shardread import count_shard_samples
 
-    expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
+    listed = expand_shards(shards)
+    expected = sum(count_shard_samples(shard) for shard in listed)
     orders = [_stream_keys(shards, epoch=epoch, **options) for epoch in (0, 1)]
     for epoch, keys in enumerate(orders):
         repeated = [key for key, n in Counter(keys).items() if n > 1]
@@ -893,7 +894,8 @@ def check_shard_stream(stream_class, shards):
     from ..layout import expand_shards
     from ..shardread import count_shard_samples
 
-    expected = sum(count_shard_samples(shard) for shard in expand_shards(shards))
+    listed = expand_shards(shards)
+    expected = sum(count_shard_samples(shard) for shard in listed)
     buffer_size = _buffer_size_for(expected)
     alone = _alone_keys(stream_class, shards, buffer_size)
     if sorted(alone) != sorted(set(alone)) or len(alone) != expected:
@@ -927,7 +929,7 @@ def check_shard_stream(stream_class, shards):
     _check_shards_mix(alone, shards)
     _check_reads_as_it_yields(stream_class, shards, buffer_size)
     _check_stream_seeding(stream_class, shards, alone, buffer_size)
-    _check_buffer_follows_epoch(stream_class, expand_shards(shards), buffer_size)
+    _check_buffer_follows_epoch(stream_class, listed, buffer_size)
     _check_workers_that_stay(stream_class, shards, epochs[0][0], buffer_size)
     passed(
         f"2 ranks × 3 workers streamed all {expected:,} samples exactly once per epoch, in a new "
