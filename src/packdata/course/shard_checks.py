@@ -868,9 +868,9 @@ def _check_reads_as_it_yields(stream_class, shards, buffer_size):
                 raise CheckFailed(
                     f"one rank, no workers: your stream read {read} samples before it yielded "
                     f"{which}: a shuffle buffer holds at most buffer_size (here {buffer_size}) "
-                    "and yields one sample for each newcomer; reading all first needs the memory "
-                    "of the whole part. Put each sample read_samples gives into the buffer as it "
-                    "comes."
+                    "and yields one sample for each newcomer; reading ahead (a shard, or the whole "
+                    "part) holds all it read in memory. Put each sample read_samples gives into "
+                    "the buffer as it comes."
                 )
     if first is not None and first < buffer_size < read:
         raise CheckFailed(
