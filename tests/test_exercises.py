@@ -1925,6 +1925,17 @@ def loader_maker(
     return make_loader
 
 
+def shuffled_in_place(make_loader):
+    """``make_loader`` after shuffling the list it is given in place with the epoch: each epoch's
+    order then builds on the last one's."""
+
+    def make(shards, epoch):
+        random.Random(epoch).shuffle(shards)
+        return make_loader(shards, epoch)
+
+    return make
+
+
 @pytest.mark.parametrize(
     "maker",
     [
@@ -1983,6 +1994,10 @@ def test_a_right_webdataset_loader_passes(tiny_dataset, capsys, maker):
         (loader_maker(split_first=True), "split by rank twice"),
         (loader_maker(splitter=wds.split_by_worker), "some came more than once and others"),
         (loader_maker(workers=0), "starts 0 worker(s); the task asks for 2"),
+        (
+            shuffled_in_place(loader_maker(options={"shardshuffle": False}.items())),
+            "reordered the shard list it was given",
+        ),
     ],
 )
 def test_each_webdataset_mistake_is_named(tiny_dataset, maker, named):

@@ -225,6 +225,18 @@ def test_the_exercise_check_names_the_usual_mistakes():
         slurm_checks.check_torch_env(lambda slurm: tuple(right(slurm).values()))
 
 
+def test_srun_s_step_counts_are_a_right_answer_too():
+    def from_step(slurm):
+        counts = {**slurm, "SLURM_TASKS_PER_NODE": slurm["SLURM_STEP_TASKS_PER_NODE"]}
+        return {
+            **right(slurm),
+            "WORLD_SIZE": slurm["SLURM_STEP_NUM_TASKS"],
+            "LOCAL_WORLD_SIZE": str(slurm_checks.tasks_on_node(counts)),
+        }
+
+    slurm_checks.check_torch_env(from_step)
+
+
 def test_a_confusion_is_named_only_when_the_value_comes_from_that_variable():
     # tasks // nodes is 3 in the even job, and 2 on both nodes of the uneven one, as
     # SLURM_NNODES is: the learner read it, but did not take the value from it

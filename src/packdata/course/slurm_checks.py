@@ -74,6 +74,10 @@ def slurm_tasks(per_node=(TASKS_PER_NODE,) * NODES):
             "SLURM_NTASKS": str(sum(per_node)),
             **({"SLURM_NTASKS_PER_NODE": str(per_node[0])} if even else {}),
             "SLURM_TASKS_PER_NODE": counts,
+            # srun's own: the step's counts, here the job's
+            "SLURM_STEP_NUM_NODES": str(len(per_node)),
+            "SLURM_STEP_NUM_TASKS": str(sum(per_node)),
+            "SLURM_STEP_TASKS_PER_NODE": counts,
             "SLURM_CPUS_PER_TASK": "4",
             "SLURM_GPUS_ON_NODE": str(TASKS_PER_NODE),
             "SLURMD_NODENAME": f"gpu0{7 + node}",

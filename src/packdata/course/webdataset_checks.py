@@ -84,12 +84,13 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
     ``_shard_order``."""
     from ..torchrunenv import environment
 
+    given = list(shards) if isinstance(shards, list) else shards  # each rank has its own list
     try:
         with environment(RANK=rank, WORLD_SIZE=2):  # reaches forkserver workers too
-            loader = make_loader(shards, epoch)
+            loader = make_loader(given, epoch)
             dataset = _dataset_of(loader)
             _check_pickles(dataset)
-            return _keys_of(loader), _shard_order(dataset)
+            found = _keys_of(loader), _shard_order(dataset)
     except ValueError as error:
         if "nodesplitter" in str(error):
             raise CheckFailed(
@@ -97,6 +98,14 @@ def _webdataset_keys(make_loader, shards, epoch, rank):
                 "(nodesplitter=wds.split_by_node)."
             ) from None
         raise
+    if given != shards:
+        raise CheckFailed(
+            "make_loader reordered the shard list it was given (random.shuffle shuffles in "
+            "place): a job that passes the same list every epoch then builds each epoch's order "
+            "on the last one's, and a job resumed at epoch k reads another order than one that "
+            "ran through. Shuffle a copy: order = list(shards)."
+        )
+    return found
 
 
 class _ShardOrder(NamedTuple):
