@@ -90,8 +90,9 @@ bench-quick: setup  ## the same on 100 photos and 500 shapes, to check that ever
 bench-gpu: setup  ## the last hop to a CUDA GPU: pinned copies, non_blocking, how many workers feed ResNet-50
 	@$(BIN)/python benchmarks/gpu.py
 
-clean:  ## remove generated notebooks, slides and caches (keeps .venv and data/)
-	rm -rf build .pytest_cache
+clean:  ## remove generated notebooks, slides, reports and caches: build/ but slurm-up's daemons' state (keeps .venv, data/)
+	[ ! -d build ] || find build -mindepth 1 -maxdepth 1 ! -name slurm -exec rm -rf {} +
+	rm -rf .pytest_cache
 	find $(LESSON_DIRS) -name '*.ipynb' -delete
 	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +
 

@@ -8,7 +8,8 @@ multi-node job for real, each node a ``torchrun`` process of its own as on a clu
 Every launch runs the same command line, as ``srun`` runs it once per node:
 ``torchrun --nnodes=N --nproc_per_node=P --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT
 --rdzv_id=JOB``. The first launch hosts the rendezvous store (``is_host``); c10d numbers the nodes
-as they join, so launch 0 is not always node rank 0.
+by host name, then process id, not by launch: on one machine, launch 0 is node rank 0 only when its
+torchrun has the lowest process id.
 """
 
 import os

@@ -31,7 +31,7 @@ def sample_seed(seed, epoch, shard, sample_key):
 @contextmanager
 def seeded_by(seed, epoch, shard, sample_key):
     """Run the block with the global generators that torchvision's transforms draw from (torch's
-    CPU generator; Python's ``random``, for ``RandomChoice`` and ``RandomOrder``) seeded by
+    CPU generator; Python's ``random``, for v1's ``RandomChoice`` and ``RandomOrder``) seeded by
     ``sample_seed``, then give each its state back. Not numpy's: keeping its state costs about
     80 µs a sample, and a transform that draws from ``np.random`` is not repeated."""
     number = sample_seed(seed, epoch, shard, sample_key)
