@@ -15,6 +15,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from packdata import memberread, streaming, tario
+from packdata.layout import keys_digest
 from packdata.plaingroup import plain_tuples
 from packdata.shardread import mapped
 from packdata.streaming import ShardDataset
@@ -384,6 +385,16 @@ def test_tables_are_kept_up_to_their_limit_the_least_recently_read_let_go(tmp_pa
     for shard in (shards[1], shards[0], shards[2]):
         list(memberread.member_tuples(shard, KEYS))
     assert list(tables.tables) == [shards[0], shards[2]] and tables.nbytes == 2 * one
+
+
+def test_a_shard_walked_again_tells_seen_its_keys_once(tmp_path):
+    shard = write_tar(tmp_path / "photos.tar", photo_members(samples=4, seed=1))
+    list(memberread.member_tuples(shard, KEYS))
+    renamed = [(f"1{name[1:]}", data) for name, data in photo_members(samples=4, seed=1)]
+    rewritten(shard, renamed)  # the same sizes, other keys: the first header differs
+    seen = []
+    assert list(memberread.member_tuples(shard, KEYS, seen.append)) == tarfile_tuples(shard)
+    assert seen == [keys_digest([f"1{index:05d}".encode() for index in range(4)])]
 
 
 @pytest.mark.parametrize("where", ["first image", "first label"])

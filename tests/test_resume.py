@@ -13,6 +13,7 @@ import tarfile
 import warnings
 from collections import Counter
 from itertools import islice
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,6 +206,18 @@ def test_held_samples_gone_from_a_shard_of_the_same_keys_are_named(tmp_path):
         list(resumed.iterate())
 
 
+def test_held_samples_of_a_shard_gone_since_the_state_name_why_when_skipping(tmp_path):
+    urls = write_shards(tmp_path / "shards")
+    data = dataset(urls, errors="skip")
+    state = checkpoint_after(data)
+    for url in data.epoch_order()[: len(state["read"])]:  # the shards the buffer held samples of
+        Path(url).rename(f"{url}.moved")
+    resumed = dataset(urls, errors="skip")
+    resumed.load_state_dict(state)
+    with pytest.raises(FileNotFoundError, match=r"tiny-\d\d\.tar"):
+        list(resumed.iterate())
+
+
 def test_the_rest_of_an_epoch_needs_every_worker_of_every_rank(urls):
     states = [dataset(urls, rank=rank, world_size=2).state_dict() for rank in range(2)]
     with pytest.raises(ValueError, match="every worker of every rank.*rank 1 of 2, worker 0 of 1"):
@@ -281,6 +294,9 @@ def test_a_rest_saved_by_an_older_packdata_resumes_with_a_warning(urls, all_keys
     with pytest.warns(UserWarning, match="older packdata") as warned:
         rest = rest_of_epoch(dataset(urls, errors="skip"), old)
     assert len(warned) == 1
+    with warnings.catch_warnings():  # rank 1 merges the same states: rank 0 warned of them
+        warnings.simplefilter("error")
+        rest_of_epoch(dataset(urls, rank=1, world_size=2, errors="skip"), old)
     rest = saved_by_older(rest, fields)
     lacks = ", ".join(fields[:-1])  # a rest has no size
     with pytest.warns(UserWarning, match=f"older packdata, without {lacks}: it"):

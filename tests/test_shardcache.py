@@ -2,6 +2,7 @@
 processes ask, a size limit kept by LRU eviction that spares shards in use, whole files only, and
 hit rates per epoch, including the cache too small for the working set."""
 
+import fcntl
 import gzip
 import multiprocessing
 import pickle
@@ -137,6 +138,17 @@ def test_a_shard_in_use_is_never_evicted(store, shard_dir, tmp_path):
     for _ in cache.fetched(others[:2], ahead=0):
         pass
     assert not held.path.exists()
+
+
+def test_a_pin_that_fails_to_note_itself_lets_its_lock_go(store, shard_dir, tmp_path):
+    cache = ShardCache(tmp_path, max_bytes=10**9)
+    cache.journal.mkdir()  # the journal cannot be written
+    url = urls_of(store, shard_dir)[0]
+    with pytest.raises(IsADirectoryError):
+        cache.pin(url)
+    # an eviction takes the pin lock alone: it must get it now
+    with open(tmp_path / ".locks" / f"{cache_name(url)}.pin", "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_a_missing_shard_raises_naming_it_and_leaves_nothing(store, tmp_path):

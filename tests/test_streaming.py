@@ -704,6 +704,18 @@ def test_a_damaged_shard_gives_the_samples_before_the_damage(urls):
         assert f"({len(keys)} whole sample(s) of it were read before)" in skips.reasons[-1]
 
 
+@pytest.mark.parametrize("data", [b"not a tar" * 1000, b""], ids=["not a tar", "empty"])
+def test_a_file_that_is_no_tar_is_an_unreadable_shard_not_a_damaged_one(tmp_path, data):
+    path = tmp_path / "odd.tar"
+    path.write_bytes(data)
+    dataset = ShardDataset([str(path)], keys=("__key__", "cls"), decode=False, errors="skip")
+    with pytest.warns(UserWarning, match=r"skipped 1 shard\(s\) and 0 sample"):
+        assert list(dataset) == []
+    assert (dataset.last_skips.shards, dataset.last_skips.damaged) == (1, 0)
+    with pytest.raises(tario.TarFormatError, match="odd.tar"):
+        list(ShardDataset([str(path)], keys=("__key__", "cls"), decode=False))
+
+
 def test_a_corrupt_header_mid_shard_keeps_the_samples_before_it(urls):
     whole = [key for key, _ in ShardDataset(urls[:1], keys=("__key__", "cls"), decode=False)]
     data = bytearray(Path(urls[0]).read_bytes())
@@ -747,6 +759,13 @@ def test_bad_arguments_are_refused(urls):
         ShardDataset(urls, errors="ignore")
     with pytest.raises(ValueError, match="sizes"):
         ShardDataset(urls, sizes=[1])
+    with pytest.raises(ValueError, match=r"keys='cls' is one string.*\('cls',\)"):
+        ShardDataset(urls, keys="cls")
+    with pytest.raises(ValueError, match="batch_size must be 0 or more, got -1"):
+        ShardDataset(urls, batch_size=-1)
+    for name, value in (("buffer_size", 2.5), ("buffer_size", None), ("read_ahead", None)):
+        with pytest.raises(TypeError, match=f"{name} must be a whole number, got {value}"):
+            ShardDataset(urls, **{name: value})
 
 
 def zeroed_shard(tmp_path, size):

@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import tarscan
+from .layout import keys_digest
 from .plaingroup import grouped_tuples, plain_layout
 from .tario import BLOCK, ZERO_BLOCK, TarFormatError, pread_exactly
 
@@ -75,7 +76,7 @@ def _tuples(descriptor, path, keys, seen):
     # read again from the table only when every member is read, and so every header checked
     if table is not None and table.layout and set(table.layout.extensions) <= set(keys):
         again = ReadAgain(descriptor, path, table)
-        samples = grouped_tuples(table.layout, path, keys, again.column, seen)
+        samples = grouped_tuples(table.layout, path, keys, again.column)
         if samples is None:
             return None
         try:
@@ -83,6 +84,8 @@ def _tuples(descriptor, path, keys, seen):
         except TarFormatError:  # a rewrite the stamp missed, or damage: walk it again
             TABLES.forget(path)
         else:
+            if seen is not None:  # the keys of the table, now that the first sample agrees
+                seen(keys_digest(table.layout.keys.tolist()))
             return chain([] if first is None else [first], samples, again.end())
     walked = walk_headers(descriptor, status.st_size)
     table = None if walked is None else checked_table(walked, stamp)

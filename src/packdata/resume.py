@@ -329,7 +329,7 @@ def checked(state, dataset, stacklevel=3):
     state, missing = upgraded(state)
     lacking = unchecked(missing, dataset)
     rank, _, worker, _ = state.get("layout", [dataset.rank, 1, 0, 1])
-    if lacking and rank == worker == 0:
+    if lacking and rank == worker == dataset.rank == 0:  # every rank checks rank 0's states
         warnings.warn(
             f"the state was saved by an older packdata, without {', '.join(lacking)}: it resumes, "
             f"but {'; '.join(OLDER[field] for field in lacking)}",

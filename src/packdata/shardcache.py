@@ -165,10 +165,10 @@ class ShardCache:
                 outcome = HIT
             else:
                 outcome = self._download(url, path)
-        except BaseException:
+            self._record(outcome, name, path.stat().st_size)
+        except BaseException:  # the lock let go, or the shard stays pinned while this process runs
             _close_lock(descriptor)
             raise
-        self._record(outcome, name, path.stat().st_size)
         return Pin(path, descriptor, outcome)
 
     def _download(self, url, path):

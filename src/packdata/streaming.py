@@ -148,11 +148,11 @@ def shard_tuples(shard, keys, report, read=None, seen=None):
     """An iterator over the ``keys`` tuples of one shard's samples, its bytes from ``read(shard)``.
     With no ``read`` the shard is read where it lies: a local plain shard of large members member
     by member (``memberread``), its members copied once and the file not mapped; any other whole
-    (``shardread.read_shard``: mapped, or one GET). A shard that cannot be read
-    at all (missing, not a tar, HTTP error) goes to ``report`` as one problem with the shard, and
-    yields nothing; a shard damaged part-way (cut short, a corrupt header) yields the samples before
-    the damage, then goes to ``report`` as a ``DamagedShard``. ``seen(digest)``, when given, hears
-    the ``layout.keys_digest`` of the shard's sample keys before any sample comes."""
+    (``shardread.read_shard``: mapped, or one GET). A shard that cannot be read at all (missing, not
+    a tar or cut in its first member, HTTP error) goes to ``report`` as one problem with the shard,
+    and yields nothing; a shard damaged part-way (cut short, a corrupt header) yields the samples
+    before the damage, then goes to ``report`` as a ``DamagedShard``. ``seen(digest)``, when given,
+    hears the ``layout.keys_digest`` of the shard's sample keys before any sample comes."""
     try:
         if read is None:
             by_member = None if is_url(shard) else member_tuples(shard, keys, seen)
@@ -170,6 +170,9 @@ def shard_tuples(shard, keys, report, read=None, seen=None):
     if plain is not None:
         return plain
     members, damage = scan_readable(data, shard)
+    if damage is not None and not members:  # not a tar, or cut in its first member
+        report(damage, shard=shard)
+        return iter(())
     if seen is not None:
         seen(keys_digest(member_keys(name for name, _, _ in members)))
     named = [(name, data[s : s + n]) for name, s, n in members if not is_meta(name)]
@@ -307,8 +310,12 @@ def equal_quotas(counts, target):
     return quotas
 
 
-def ignore(error, shard=None):
-    """Report nothing: for samples read a second time after a resume, reported the first time."""
+def reported_before(error, shard=None):
+    """The report of a shard's second read after a resume: a sample's problem was reported the
+    first time, so nothing again; a shard that cannot be read now, though it was read then (gone,
+    an HTTP error), stops the resume with its own error."""
+    if shard is not None:
+        raise error
 
 
 class Skips:
@@ -467,6 +474,15 @@ class ShardDataset(IterableDataset):
                 f"rank must be in 0..world_size-1, got rank {self.rank} of {self.world_size}"
             )
         check_decoder(decoder)
+        if isinstance(keys, str):
+            raise ValueError(
+                f"keys={keys!r} is one string, which would be read as {len(keys)} keys of one "
+                f"letter: give a tuple, such as ({keys!r},) or ('jpg', 'cls')"
+            )
+        for name, value in (("buffer_size", buffer_size), ("read_ahead", read_ahead)):
+            whole_number(name, value)
+        if batch_size is not None:
+            whole_number("batch_size", batch_size)
         if transform is not None and not (decode and image_field(keys) is not None):
             raise ValueError(
                 f"transform applies to a decoded image, and keys={tuple(keys)} with "
@@ -620,7 +636,7 @@ class ShardDataset(IterableDataset):
         report = Skips(progress) if self.errors == "skip" else raise_now
         part, quota = self.part(progress.epoch, progress.rest, layout)
         shards = [(self.shards[index], rest) for index, rest in part]
-        quiet = report if report is raise_now else ignore  # a second read reports nothing again
+        quiet = report if report is raise_now else reported_before
         reads = self._reads(to_read(shards, progress))
         samples = continued(
             progress,
@@ -703,6 +719,18 @@ class ShardDataset(IterableDataset):
         if skips:  # the epoch in the text: Python shows a text once, and each epoch has its own
             # the loop that iterates, past __iter__'s iter_secrets_withheld
             warnings.warn(f"epoch {self.epoch}: {skips.summary()}", stacklevel=3)
+
+
+def whole_number(name, value):
+    """``value`` as an ``int`` when it is a whole number of 0 or more; else an error naming
+    ``name``."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a whole number, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{name} must be 0 or more, got {number}")
+    return number
 
 
 def _worker():
