@@ -7,6 +7,7 @@ import shutil
 import tarfile
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 import pytest
 import torchvision
 import webdataset
@@ -142,10 +143,21 @@ def test_rewriting_with_fewer_shards_removes_the_stale_ones(tiny_dataset, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train-000000.tar", "train-000001.tar"]
 
 
-@pytest.mark.parametrize("limits", [{"maxcount": 0}, {"maxsize": 0}, {"maxsize": float("nan")}])
+@pytest.mark.parametrize(
+    "limits",
+    [{"maxcount": 0}, {"maxcount": float("nan")}, {"maxsize": 0}, {"maxsize": float("nan")}],
+)
 def test_bad_limits_are_refused(tmp_path, limits):
     with pytest.raises(ValueError, match="maxcount must be at least 1 and maxsize positive"):
         ShardWriter(tmp_path, **limits)
+
+
+@pytest.mark.parametrize("processes", [0, 1.5])
+def test_a_count_of_processes_that_is_no_whole_number_of_one_or_more_is_named(
+    tiny_dataset, tmp_path, processes
+):
+    with pytest.raises(ValueError, match=f"processes must be .* got {processes}"):
+        write_shards(tiny_dataset, tmp_path, processes=processes, progress=False)
 
 
 def test_webdataset_sees_the_same_keys_and_labels(written, manifest):
@@ -218,6 +230,9 @@ def test_a_split_into_the_set_it_belongs_to_is_refused_and_removes_nothing(writt
         ("k", {}, "non-empty"),  # would be counted, and no member written
         ("k", {"txt": "text"}, r"got str.*\.encode\(\)"),
         ("k", {"f32": array.array("f", [1.0])}, "got array"),
+        ("a\0b", {"jpg": b"1"}, "a NUL ends a name"),  # tarfile would read key 'a'
+        ("k", {"JPG": b"1"}, "webdataset lowers when it reads: write 'jpg'"),
+        ("k", {"npy": memoryview(np.zeros((2, 3), order="F"))}, "not in C order"),
     ],
 )
 def test_a_sample_that_would_not_read_back_as_written_is_refused_by_key(

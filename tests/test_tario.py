@@ -122,6 +122,21 @@ def test_gnu_base256_numbers(tmp_path):
         assert next(iter_members(file))[0].uid == 8**8
 
 
+def test_a_size_of_twelve_octal_digits_is_read_whole_as_tarfile_reads_it(tmp_path):
+    info = tarfile.TarInfo("a.bin")
+    info.size = 512
+    header = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
+    header[124:136] = b"000000001000"  # 12 digits, no NUL after them: POSIX allows it
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    path = tmp_path / "t.tar"
+    path.write_bytes(bytes(header) + bytes(range(256)) * 2 + bytes(1024))
+    assert [(name, size) for name, _, size in scan_buffer(path.read_bytes())] == [("a.bin", 512)]
+    assert [(header.name, header.size) for header, _ in read_file(path)] == [("a.bin", 512)]
+    with tarfile.open(path) as tar:
+        assert [(member.name, member.size) for member in tar] == [("a.bin", 512)]
+
+
 def as_tarfile_reads_it(path):
     """``[(name, bytes)]`` of every member ``tarfile.extractfile`` reads: files, and links as the
     file they name."""

@@ -2,10 +2,13 @@
 the tasks, one bucket in memory at a time, clear errors, and the old shards kept when it fails."""
 
 import functools
+import time
 import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from hashlib import blake2b
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,6 +151,41 @@ def test_a_failed_run_keeps_the_old_set_and_a_new_one_replaces_it(tiny_dataset, 
     assert sorted(out.iterdir()) == [info.path for info in new.shards]  # stale ones gone
 
 
+@dataclass(frozen=True)
+class SlowSource:
+    """An input whose samples come slowly; number 0 fails instead."""
+
+    number: int
+
+    @property
+    def name(self):
+        return f"slow-{self.number}"
+
+    def samples(self, skipped):
+        time.sleep(0.1)
+        if self.number == 0:
+            raise OSError("input 0 cannot be read")
+        for index in range(4):
+            time.sleep(0.1)
+            yield f"s{self.number}-{index}", {"cls": b"1"}
+
+
+def test_a_failed_task_in_a_pool_leaves_no_work_folder_once_the_others_end(tmp_path):
+    out = tmp_path / "out"
+    with ThreadPoolExecutor(2) as pool, pytest.raises(OSError, match="input 0 cannot be read"):
+        two_pass_shuffle([SlowSource(0), SlowSource(1)], out, buckets=2, executor=pool)
+    assert list(out.iterdir()) == []  # the other task had ended before the folder went
+
+
+def test_a_work_dir_on_another_file_system_is_refused_before_any_pass(tmp_path):
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system here")
+    empty = write_tar(tmp_path / "empty.tar", []).path
+    with pytest.raises(ValueError, match="on another file system than out_dir"):
+        two_pass_shuffle([ShardSource(str(empty))], tmp_path / "out", buckets=2, work_dir=other)
+
+
 def test_nothing_to_shuffle_and_bad_settings_are_errors(tmp_path):
     empty = write_tar(tmp_path / "empty.tar", []).path
     with pytest.raises(ValueError, match="no samples in 1 inputs"):
@@ -156,6 +194,8 @@ def test_nothing_to_shuffle_and_bad_settings_are_errors(tmp_path):
         two_pass_shuffle([ShardSource(str(empty))], tmp_path / "out", buckets=0)
     with pytest.raises(ValueError, match="no inputs: sources is empty"):
         two_pass_shuffle([], tmp_path / "out", buckets=2)
+    with pytest.raises(ValueError, match="seed must be a whole number of 0 or more, got -1"):
+        two_pass_shuffle([ShardSource(str(empty))], tmp_path / "out", buckets=2, seed=-1)
 
 
 def test_sources_given_as_a_generator_are_all_read(tmp_path):

@@ -2,7 +2,9 @@
 
 A crash, an error or a Ctrl-C part-way leaves the old file (or folder) as it was and no partial one
 beside it: the new content is written under a hidden temporary name in the same folder, then renamed
-over the target, which POSIX makes atomic within one filesystem.
+over the target, which POSIX makes atomic within one filesystem. A folder takes two renames (the old
+one aside, the new one in): a process killed outright between them leaves the old folder under a
+hidden ``-old`` name.
 
     with written_atomically("train.tar") as file:     # a binary file
         file.write(data)
@@ -69,17 +71,22 @@ def replaced_folder(target):
         staging = Path(tempfile.mkdtemp(prefix=temporary_prefix(target.name), dir=target.parent))
     except PermissionError as err:
         raise PermissionError(f"cannot write to {target}: {err.strerror}") from err
+    retired = staging.with_name(staging.name + "-old")  # the old folder, while it is replaced
     try:
         # mkdtemp makes it private; a dataset should be readable like any folder
         staging.chmod(0o755)
         yield staging
         if target.exists():
-            retired = staging.with_name(staging.name + "-old")
             target.rename(retired)
-            staging.rename(target)
-            shutil.rmtree(retired)
-        else:
-            staging.rename(target)
+        staging.rename(target)
     except BaseException:
+        if retired_only(retired, target):  # stopped between the two renames: the old one back
+            retired.rename(target)
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def retired_only(retired, target):
+    """Whether the old folder was moved aside (to ``retired``) and none took its place."""
+    return retired.exists() and not target.exists()

@@ -66,10 +66,16 @@ def sample_bytes(key, members):
 
 def check_sample(key, members):
     """``ValueError`` unless ``key`` and ``members`` read back as this one sample (the grouping
-    rules of ``layout.split_member``): a key whose file name has no dot, in a relative path without
-    ``..``; extensions without ``/``; at least one member."""
+    rules of ``layout.split_member``, and webdataset's): a key whose file name has no dot, in a
+    relative path without ``..``; extensions in lower case, without ``/``; no NUL in either; at
+    least one member."""
     if not isinstance(key, str) or not key:
         raise ValueError(f"sample key {key!r}: a key is a non-empty string")
+    if "\0" in key:
+        raise ValueError(
+            f"sample key {key!r}: a NUL ends a name in a tar header, so the key would read back "
+            "cut short there"
+        )
     stem = key.rpartition("/")[2]
     if key.startswith("/") or ".." in key.split("/"):
         raise ValueError(
@@ -93,10 +99,15 @@ def check_sample(key, members):
                 f"sample {key!r}: {extension!r} is no member: a sample's members leave out its "
                 "__key__ and __url__ (layout.members_of(sample) gives them)"
             )
-        if not isinstance(extension, str) or not extension or "/" in extension:
+        if not isinstance(extension, str) or not extension or "/" in extension or "\0" in extension:
             raise ValueError(
                 f"sample {key!r}: extension {extension!r} is not one: a non-empty string without "
-                "'/', such as 'jpg' or 'seg.png'"
+                "'/' or NUL, such as 'jpg' or 'seg.png'"
+            )
+        if extension != extension.lower():
+            raise ValueError(
+                f"sample {key!r}: extension {extension!r} has capitals, which webdataset lowers "
+                f"when it reads: write {extension.lower()!r}"
             )
 
 
@@ -112,7 +123,7 @@ class ShardWriter:
     those final moves can still mix the two sets: renaming many files at once is not atomic.)"""
 
     def __init__(self, out_dir, prefix="train", maxcount=1000, maxsize=None):
-        if maxcount < 1 or (maxsize is not None and not maxsize > 0):  # NaN too
+        if not maxcount >= 1 or (maxsize is not None and not maxsize > 0):  # NaN too
             raise ValueError(
                 f"maxcount must be at least 1 and maxsize positive, got {maxcount} and {maxsize}"
             )
@@ -224,6 +235,8 @@ def write_shards(
     encode in instead of a new one, so that its processes start once for several calls;
     ``processes`` then says how many it has (the work goes out in a few chunks per process).
     """
+    if not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be a whole number of 1 or more, got {processes!r}")
     suffix = checked_suffix(payload, resize)[1:]
     samples = sample_source(source, payload, resize)
     order = list(range(len(samples)))

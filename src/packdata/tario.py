@@ -413,6 +413,8 @@ def member_bytes(name, data):
             f"memoryview or mmap): convert it first, for example with {hint}"
         )
     view = memoryview(data)
-    if not view.contiguous:
-        raise TypeError(f"member {name!r}: a memoryview that is not contiguous; pass bytes(view)")
+    if not view.c_contiguous:  # a Fortran-order array's view: its bytes in another order
+        raise TypeError(
+            f"member {name!r}: a memoryview whose items are not in C order; pass bytes(view)"
+        )
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view

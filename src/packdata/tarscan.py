@@ -50,13 +50,16 @@ _MAGIC_BYTES = np.frombuffer(USTAR_MAGIC, np.uint8)
 # the place values of an 11-digit octal field, as floats: exact below 2**53, and BLAS multiplies
 # them twice as fast
 _OCTAL_WEIGHTS = 8.0 ** np.arange(10, -1, -1)
+_ENDS = (0, ord(" "))  # what ends an 11-digit field: a 12th digit would be part of the number
 
 
 def _size_of(data, position, archive):
     """The size field of the header at ``position``: plain octal digits fast, anything else the
     careful way."""
     try:
-        # 11 octal digits, as tarfile and GNU tar write it
+        # 11 octal digits ended by NUL or space, as tarfile and GNU tar write it
+        if data[position + 135] not in _ENDS:
+            raise ValueError("a 12th digit")
         return int(data[position + 124 : position + 135], 8)
     except ValueError:
         try:
@@ -177,14 +180,15 @@ def scan_plain(data, archive="<tar>"):
 
 def plain_sizes(headers):
     """The size of each member whose header is a row of ``headers`` (512-byte rows of ``uint8``)
-    when every row is a POSIX ustar header of a regular file with an 11-digit octal size and no name
-    prefix; else None: base-256 sizes, a name prefix, links, folders, pax or GNU records need the
-    general walk. Checksums are not checked here."""
+    when every row is a POSIX ustar header of a regular file with an 11-digit octal size (ended by
+    NUL or space) and no name prefix; else None: base-256 or 12-digit sizes, a name prefix, links,
+    folders, pax or GNU records need the general walk. Checksums are not checked here."""
     digits = headers[:, 124:135] - np.uint8(ord("0"))  # a byte below "0" wraps round to above 7
-    flags = headers[:, 156]
+    flags, ends = headers[:, 156], headers[:, 135]
     if (
         (headers[:, 257:263] != _MAGIC_BYTES).any()
         or (digits > 7).any()
+        or not ((ends == _ENDS[0]) | (ends == _ENDS[1])).all()
         or headers[:, 345].any()
         or not ((flags == 0) | (flags == ord("0"))).all()
     ):

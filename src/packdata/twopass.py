@@ -28,8 +28,10 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from concurrent.futures import wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -254,25 +256,33 @@ def two_pass_shuffle(
 
     ``executor`` (any ``concurrent.futures.Executor``) runs the tasks of each pass; None runs them
     here. The buckets live in a hidden folder of this run's own, ``.<prefix>.twopass-XXXXXXXX``,
-    in ``work_dir`` (default: ``out_dir``, on the same disk), removed at the end with all it holds
-    (a run killed outright leaves it behind), and nothing else of ``work_dir``: runs may share it.
-    On a cluster, both folders must be on a file system every worker sees. The shards are
-    written into it too and moved into place only when all are written; older
+    in ``work_dir`` (default: ``out_dir``; another folder of the same file system), removed at the
+    end with all it holds (a run killed outright leaves it behind), and nothing else of
+    ``work_dir``: runs may share it. On a cluster, both folders must be on a file system every
+    worker sees. The shards are written into it too and moved into place only when all are
+    written; older
     ``<prefix>-NNNNNN.tar`` beyond the new set are then removed. (A stop during those moves can
     still mix the two sets, as with ``shardwrite.ShardWriter``: renaming many files is not
     atomic.)"""
     if buckets < 1 or maxcount < 1:
         raise ValueError(f"buckets and maxcount must be at least 1, got {buckets} and {maxcount}")
+    if not isinstance(seed, int) or seed < 0:  # numpy's generators take no negative seed
+        raise ValueError(f"seed must be a whole number of 0 or more, got {seed!r}")
     sources = list(sources)  # read twice below: a generator would be empty the second time
     if not sources:
         raise ValueError("no inputs: sources is empty, so there is nothing to shuffle")
     out_dir, base = Path(out_dir), Path(work_dir or out_dir)
     for folder in {out_dir, base}:
         folder.mkdir(parents=True, exist_ok=True)
+    if os.stat(base).st_dev != os.stat(out_dir).st_dev:
+        raise ValueError(
+            f"work_dir {base} is on another file system than out_dir {out_dir}: the shards are "
+            "written in it and renamed into out_dir at the end, which only works within one"
+        )
     work = Path(tempfile.mkdtemp(prefix=f".{prefix}.twopass-", dir=base))
     staging = work / "shards"
     staging.mkdir()
-    run = executor.map if executor is not None else map
+    run = partial(_run_all, executor)
     try:
         tasks = [
             ScatterTask(i, source, str(work), buckets, seed) for i, source in enumerate(sources)
@@ -291,6 +301,23 @@ def two_pass_shuffle(
         shutil.rmtree(work, ignore_errors=True)
     skipped = sum((result.skipped for result in scattered), Counter())
     return TwoPassResult(shards, skipped, scattered, gathered)
+
+
+def _run_all(executor, function, tasks):
+    """``function`` of each of ``tasks``, in order: here, or on ``executor``. When one fails, the
+    others are cancelled or waited for before the error goes on, so that none still writes in the
+    work folder once it is removed."""
+    if executor is None:
+        yield from map(function, tasks)
+        return
+    futures = [executor.submit(function, task) for task in tasks]
+    try:
+        for future in futures:
+            yield future.result()
+    finally:
+        for future in futures:
+            future.cancel()
+        wait(futures)
 
 
 def _shown(results, total, desc, progress):
