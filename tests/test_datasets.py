@@ -350,6 +350,12 @@ def test_http_range_file_reads_and_seeks_like_a_local_file(archives, archive_sto
     assert archive_store.requests == 5
     with pytest.raises(ValueError):
         remote.seek(-1)
+    connection = remote.client.connection()
+    assert connection.sock is not None  # kept alive between the reads
+    remote.close()
+    assert connection.sock is None  # closed with the file: no server thread waits on it
+    with pytest.raises(ValueError, match="which is closed"):
+        remote.read(1)
 
 
 @pytest.mark.parametrize("kind", ARCHIVE_DATASETS)

@@ -226,6 +226,22 @@ def test_listings_hide_uploads_in_progress(service, client):
     assert status == 400
 
 
+def test_listings_leave_out_links_that_lead_outside_the_store(service, client, tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("secret")
+    client.create("d")
+    (service.root / "d" / "secret.txt").symlink_to(tmp_path / "outside" / "secret.txt")
+    (service.root / "out").symlink_to(tmp_path / "outside")
+    assert client.files("d") == []
+    assert [dataset["name"] for dataset in client.datasets()] == ["d"]
+    assert raw(service, "GET", "/datasets/d/secret.txt")[0] == 403
+
+
+def test_a_method_the_service_lacks_is_405_with_the_methods_it_has(service):
+    status, headers, _ = raw(service, "DELETE", "/datasets")
+    assert (status, headers["Allow"]) == (405, "GET, HEAD, POST, PUT")
+
+
 def test_binds_to_loopback_by_default(service):
     assert urllib.parse.urlsplit(service.url).hostname == "127.0.0.1"
 

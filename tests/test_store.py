@@ -114,6 +114,23 @@ def test_a_malformed_range_is_ignored(store, served):
     assert status == 200 and body == (served / "data.bin").read_bytes()
 
 
+def test_a_method_the_store_lacks_is_405_with_the_methods_it_has(store):
+    status, headers, _ = get(store, "/data.bin", method="PUT")
+    assert (status, headers["Allow"]) == (405, "GET, HEAD")
+
+
+def test_a_file_cut_short_while_it_is_served_ends_the_connection(served):
+    with NetworkStore(served, latency=0, bandwidth=200_000) as paced:
+        parts = urllib.parse.urlsplit(paced.url)
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
+        connection.request("GET", "/data.bin")
+        response = connection.getresponse()
+        os.truncate(served / "data.bin", 1000)  # while the paced body is on its way
+        with pytest.raises(http.client.IncompleteRead):  # not a wait for bytes that never come
+            response.read()
+        connection.close()
+
+
 def test_a_missing_file_gets_404_naming_the_path(store):
     status, _, body = get(store, "/sub/nothing.jpg")
     assert status == 404

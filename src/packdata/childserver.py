@@ -11,8 +11,10 @@ A child whose parent dies sees its standard input close, and stops too.
 """
 
 import os
+import queue
 import subprocess
 import sys
+import threading
 import warnings
 
 
@@ -23,15 +25,28 @@ class ChildServer:
         self.command, self.name, self.process = command, name, None
 
     def start(self, timeout=60):
-        """Start the process; return the ``(host, port)`` it listens on."""
+        """Start the process; return the ``(host, port)`` it listens on, once it says so (lines it
+        prints before are passed over). A process that ends first, or says nothing of the kind
+        within ``timeout`` s, is stopped, and ``OSError`` says which."""
         self.process = subprocess.Popen(
             self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
-        line = self.process.stdout.readline()
-        if not line.startswith("listening "):
-            self.process.wait(timeout)
+        lines = queue.Queue()
+        threading.Thread(
+            target=_address_line, args=(self.process.stdout, lines), daemon=True
+        ).start()
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            line = None
+        if not line:
+            self.process.kill()
+            status = self.process.wait()
+            self.process.stdin.close()
+            self.process.stdout.close()
             self.process = None
-            raise OSError(f"{self.name} could not start: {line.strip() or 'no answer'}")
+            why = f"no address within {timeout} s" if line is None else f"exit status {status}"
+            raise OSError(f"{self.name} could not start: {why}")
         host, port = line.split()[1:]
         return host, int(port)
 
@@ -55,6 +70,15 @@ class ChildServer:
             answer = ""
         self.process = None
         return answer.strip() == "stopped"
+
+
+def _address_line(stdout, lines):
+    """Put the first ``listening HOST PORT`` line of ``stdout`` in ``lines``, or "" at its end."""
+    for line in stdout:
+        if line.startswith("listening "):
+            lines.put(line)
+            return
+    lines.put("")
 
 
 def serve_until_told(address, shut_down):

@@ -231,7 +231,16 @@ class HttpRangeFile(io.RawIOBase):
         self._position = position
         return position
 
+    def close(self):
+        """Close the file and its connection to the server (which would keep a server thread
+        waiting for the next request)."""
+        if not self.closed:
+            self.client.connection().close()
+        super().close()
+
     def read(self, size=-1):
+        if self.closed:
+            raise ValueError(f"read from {self.name}, which is closed")
         end = self.size if size is None or size < 0 else min(self._position + size, self.size)
         if end <= self._position:
             return b""

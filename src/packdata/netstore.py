@@ -144,13 +144,17 @@ class FileHandler(BaseHTTPRequestHandler):
         served = self.server.served
         if not served.bandwidth:  # no cap: the kernel copies file to socket (sendfile), as a
             served.count(bytes_served=length)  # real file server does
-            if length:  # sendfile refuses a count of 0: an empty file has no body
-                self.connection.sendfile(file, offset=file.tell(), count=length)
+            # sendfile refuses a count of 0 (an empty file has no body); a file cut short
+            # meanwhile sends less: hang up, so that the client sees it
+            sent = length and self.connection.sendfile(file, offset=file.tell(), count=length)
+            if sent < length:
+                self.close_connection = True
             return
         started, sent = time.perf_counter(), 0
         while sent < length:
             chunk = file.read(min(CHUNK, length - sent))
-            if not chunk:
+            if not chunk:  # cut short meanwhile: hang up, so that the client sees it
+                self.close_connection = True
                 break
             self.pause(bandwidth_delay(started, sent + len(chunk), served.bandwidth))
             # Counted before the write: a client that has read the last byte must already see it
@@ -175,7 +179,12 @@ class FileHandler(BaseHTTPRequestHandler):
         if code == HTTPStatus.NOT_IMPLEMENTED:
             code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command!r} is not allowed"
         self.close_connection = True
-        self.refuse(code, message or HTTPStatus(code).phrase, {"Connection": "close"})
+        headers = {"Connection": "close"}
+        if code == HTTPStatus.METHOD_NOT_ALLOWED:  # RFC 9110: say which methods are
+            headers["Allow"] = ", ".join(
+                sorted(name[3:] for name in dir(self) if name[:3] == "do_")
+            )
+        self.refuse(code, message or HTTPStatus(code).phrase, headers)
 
     def refuse(self, status, message, headers=None):
         content_type, body = self.error_body(message)
@@ -244,7 +253,8 @@ class Shared:
             resource_tracker.unregister(self.memory._name, "shared_memory")
         self.views = [self.memory.buf[:16], self.memory.buf[16:]]
         self.floats, self.counts = self.views[0].cast("d"), self.views[1].cast("q")
-        self.lock = threading.Lock()  # the server's threads count; the creator only reads
+        # the server's threads count; the creator reads them, and resets them while none runs
+        self.lock = threading.Lock()
 
     def close(self, remove):
         for view in (self.floats, self.counts, *self.views):
@@ -306,7 +316,8 @@ class ServedFolder:
             self.shared.counts[1] += bytes_served
 
     def reset_counters(self):
-        """Set ``requests`` and ``bytes_served`` back to zero, e.g. between two measurements."""
+        """Set ``requests`` and ``bytes_served`` back to zero, e.g. between two measurements (while
+        no request runs: a count under way may undo the reset)."""
         self.shared.counts[0] = self.shared.counts[1] = 0
 
     def start(self):

@@ -56,8 +56,9 @@ class S3Server:
         if self.export and S3Server.exporting is not None:
             S3Server.exporting.stop()
         command = [sys.executable, "-m", __name__, "--serve", self.host, str(self.verbose)]
-        self._server = ChildServer(command, "S3Server")
-        host, port = self._server.start()
+        server = ChildServer(command, "S3Server")
+        host, port = server.start()  # kept once it has started: a failed start can be tried again
+        self._server = server
         self.endpoint_url = f"http://{host}:{port}"
         if self.export:
             settings = {**TEST_SETTINGS, ENDPOINT_VARIABLE: self.endpoint_url}

@@ -129,7 +129,7 @@ class _ServiceHandler(FileHandler):
     def inside_root(self, path):
         """``path``, unless a symbolic link takes it outside the served root: then a 403."""
         root = self.server.served.root
-        if not path.resolve().is_relative_to(root):
+        if not inside(path, root):
             raise _Refused(HTTPStatus.FORBIDDEN, f"refused: {path.name!r} leads outside the store")
         return path
 
@@ -150,13 +150,14 @@ class _ServiceHandler(FileHandler):
             datasets = [
                 {"name": entry.name, "files": len(files), "bytes": sum(f["bytes"] for f in files)}
                 for entry in sorted(root.iterdir())
-                if is_valid_name(entry.name) and entry.is_dir()
-                for files in [list_files(entry)]
+                if is_valid_name(entry.name) and entry.is_dir() and inside(entry, root)
+                for files in [list_files(entry, root)]
             ]
             return self.send_json(HTTPStatus.OK, {"datasets": datasets})
         folder = self.dataset_folder(names[0])
         if len(names) == 1:
-            return self.send_json(HTTPStatus.OK, {"name": names[0], "files": list_files(folder)})
+            files = list_files(folder, root)
+            return self.send_json(HTTPStatus.OK, {"name": names[0], "files": files})
         path = self.inside_root(folder / names[1])
         if not is_file(path):
             raise _Refused(HTTPStatus.NOT_FOUND, f"no file {names[1]!r} in dataset {names[0]!r}")
@@ -262,14 +263,19 @@ class _ServiceHandler(FileHandler):
         self.body_read = True
 
 
-def list_files(folder):
-    """``[{"name", "bytes"}]`` of the files of one dataset folder, sorted; temporary uploads are
-    hidden."""
+def list_files(folder, root):
+    """``[{"name", "bytes"}]`` of the files of one dataset folder, sorted; temporary uploads, and
+    links that lead outside ``root`` (which a GET refuses), are left out."""
     return [
         {"name": entry.name, "bytes": entry.stat().st_size}
         for entry in sorted(Path(folder).iterdir(), key=lambda entry: entry.name)
-        if is_valid_name(entry.name) and entry.is_file()
+        if is_valid_name(entry.name) and entry.is_file() and inside(entry, root)
     ]
+
+
+def inside(path, root):
+    """Whether ``path``, its links followed, lies in ``root``."""
+    return path.resolve().is_relative_to(root)
 
 
 class DatasetService(ServedFolder):
