@@ -154,6 +154,8 @@ def test_tables_show_every_result():
 def test_at_least_one_epoch_is_asked_for(tiny_dataset):
     with pytest.raises(ValueError, match="epochs must be at least 1"):
         benchmark(FolderDataset(tiny_dataset), epochs=0, progress=False)
+    with pytest.raises(ValueError, match="warmup_epochs 0 or more, got 2 and -1"):
+        benchmark(FolderDataset(tiny_dataset), epochs=2, warmup_epochs=-1, progress=False)
 
 
 def test_read_and_decode_are_timed_apart_on_the_samples_asked_for(tiny_dataset):

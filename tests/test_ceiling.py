@@ -4,6 +4,8 @@ import multiprocessing
 import operator
 import os
 import signal
+import subprocess
+import sys
 import time
 from functools import partial
 
@@ -45,6 +47,39 @@ def test_close_stops_the_processes():
     assert len(multiprocessing.active_children()) == before + 2
     run.close()
     assert len(multiprocessing.active_children()) == before
+
+
+PARENT = """
+import multiprocessing, sys
+from packdata.ceiling import PlainProcesses
+run = PlainProcesses(abs, 4, 2, context="fork")
+run()
+print(*(child.pid for child in multiprocessing.active_children()), flush=True)
+sys.stdin.readline()  # killed meanwhile
+"""
+
+
+def test_the_processes_end_when_their_parent_is_killed():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    children = [int(pid) for pid in parent.stdout.readline().split()]
+    assert len(children) == 2
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in children)
+
+
+def alive(pid):
+    """Whether process ``pid`` still runs (an orphan's zombie is reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_an_error_in_the_work_is_raised_with_its_traceback():

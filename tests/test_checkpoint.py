@@ -9,9 +9,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from packdata import shardread, shardwrite
+from packdata.checkpoint import every_rank, resume_loader
 from packdata.multinode import finish
+from packdata.streaming import ShardDataset
 
 JOB = Path(__file__).with_name("ranks_job.py")
 
@@ -53,3 +56,25 @@ def test_a_job_stopped_with_2_ranks_resumes_every_sample_once(
     assert len(before) == 2 * 3 * 4
     everything = [sample["__key__"] for sample in shardread.iter_shard_samples(shards)]
     assert Counter(before + after) == Counter(everything)
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 0), (0, 1)])
+def test_a_single_process_job_resumes_between_no_worker_and_one(shards, before, after):
+    """A loader without workers saves another kind of state than one with one worker: the resume
+    goes through the rest of the epoch."""
+
+    def loader_of(dataset, workers):
+        return StatefulDataLoader(dataset, batch_size=4, num_workers=workers)
+
+    options = {"keys": ("__key__", "cls"), "decode": False, "rank": 0, "world_size": 1}
+    first = loader_of(ShardDataset(shards, **options), before)
+    batches = iter(first)
+    taken = [key for _ in range(3) for key in next(batches)[0]]
+    saved = every_rank(first)
+    del batches
+    dataset = ShardDataset(shards, **options)
+    then = loader_of(dataset, after)
+    assert resume_loader(saved, dataset, then) == "rest of the epoch"
+    rest = [key for keys, _ in then for key in keys]
+    everything = [sample["__key__"] for sample in shardread.iter_shard_samples(shards)]
+    assert Counter(taken + rest) == Counter(everything)

@@ -118,6 +118,17 @@ def test_in_turn_lets_the_workers_go_once_it_is_done():
     assert runs["1 worker"]() == 10  # a later call starts new workers
 
 
+def test_in_turn_lets_the_workers_go_when_a_run_fails():
+    def fails():
+        raise RuntimeError("a run that fails")
+
+    runs = {"1 worker": compare.epochs_of(Numbers(10, 10), batch_size=4, num_workers=1)}
+    runs["fails"] = fails
+    with pytest.raises(RuntimeError, match="a run that fails"):
+        compare.in_turn(runs, rounds=2)
+    assert multiprocessing.active_children() == []
+
+
 def test_a_long_verdict_breaks_between_its_parts_to_fit_a_slide():
     comparison = compare.Comparison({"x" * 40: [10, 11, 12], "y" * 30: [10, 11, 12]})
     verdict = comparison.verdict("x" * 40, "y" * 30)

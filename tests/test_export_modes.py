@@ -110,6 +110,22 @@ def test_an_export_into_its_own_source_is_refused(tmp_path):
         export_image_folder(tmp_path / "photos", tmp_path / "photos" / "course", progress=False)
 
 
+def test_an_export_over_the_folder_that_holds_its_source_is_refused(tmp_path):
+    (tmp_path / "course" / "raw" / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "course" / "raw" / "cat" / "0.jpg")
+    with pytest.raises(ValueError, match="raw is inside .*course, which the export replaces"):
+        export_image_folder(tmp_path / "course" / "raw", tmp_path / "course", progress=False)
+    assert (tmp_path / "course" / "raw" / "cat" / "0.jpg").exists()
+
+
+def test_a_source_in_the_home_folder_may_be_named_with_a_tilde(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "photos" / "cat" / "0.jpg")
+    root = export_image_folder("~/photos", "~/course", progress=False)
+    assert root == tmp_path / "course" and len(load_manifest(root)["samples"]) == 1
+
+
 def png_bytes(changes=(), cut=None):
     """A small PNG with bytes changed at ``(offset, value)`` in ``changes``, cut at ``cut``."""
     out = io.BytesIO()

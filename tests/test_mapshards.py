@@ -153,6 +153,12 @@ def dies_on_its_third_sample(sample, seen=[]):  # noqa: B006 (counts this proces
     return layout.members_of(sample)
 
 
+def test_an_output_that_cannot_be_written_is_said_as_it_is_from_a_pool(shards, tmp_path):
+    (tmp_path / "afile").write_text("a file, not a folder")
+    with pytest.raises(NotADirectoryError, match="afile"):
+        map_shards(layout.members_of, shards[:2], tmp_path / "afile" / "out", processes=2)
+
+
 def test_a_task_whose_process_dies_is_named_and_leaves_nothing_behind(shards, tmp_path):
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match=r"train-0000\d\d\.tar: its task did not finish"):

@@ -823,3 +823,17 @@ def test_skips_are_counted_once_an_epoch_across_kills_and_resumes(with_bad, data
     assert_exactly_once(delivered, flat(whole))
     counted = [state["skipped"] for state in every_worker(states)]
     assert [sum(column) for column in zip(*counted)] == expected
+
+
+def test_the_audit_of_an_epoch_before_the_checkpoint_keeps_all_the_killed_job_took(tmp_path):
+    def log(pid, start, batches):
+        lines = [{"resumed from": start}]
+        lines += [{"epoch": e, "step": s, "keys": keys} for e, s, keys in batches]
+        (tmp_path / f"log-{pid}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    log(1, [0, 0], [(0, 0, ["a", "b"]), (0, 1, ["c", "d"]), (1, 0, ["e", "f"])])
+    log(2, [1, 1], [(1, 1, ["g", "h"])])  # the checkpoint: epoch 1, after its first step
+    counted, again = preemption.audit(tmp_path, 1, 2, ["a", "b", "c", "d"], epoch=0)
+    assert (counted.delivered, counted.duplicates, counted.missing, again) == (4, 0, 0, 0)
+    counted, again = preemption.audit(tmp_path, 1, 2, ["e", "f", "g", "h"], epoch=1)
+    assert (counted.delivered, counted.duplicates, counted.missing, again) == (4, 0, 0, 0)

@@ -41,6 +41,17 @@ def test_sets_the_variables_for_the_block_and_restores_them(monkeypatch):
     assert os.environ["WORLD_SIZE"] == "8"
 
 
+def test_a_start_method_not_chosen_yet_is_left_unchosen():
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(None, force=True)  # as in a fresh interpreter
+    try:
+        with environment(RANK=1, WORLD_SIZE=2):
+            pass
+        assert multiprocessing.get_start_method(allow_none=True) is None
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+
+
 @pytest.mark.parametrize("default_start_method", ["forkserver", "spawn"], indirect=True)
 def test_workers_started_in_the_block_see_the_variables(default_start_method, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)

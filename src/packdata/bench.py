@@ -63,7 +63,8 @@ class BenchResult:
     @property
     def steady_samples_per_s(self):
         """Samples/s in a typical epoch after the first (the median of the others), leaving out
-        starting the workers and filling caches; needs ``epochs >= 2``."""
+        filling caches, and starting the workers when they stay (``persistent_workers=True``;
+        otherwise every epoch starts them again); needs ``epochs >= 2``."""
         if self.epochs < 2:
             raise ValueError(
                 f"{self.label}: a steady rate needs at least 2 epochs, got {self.epochs}"
@@ -186,8 +187,11 @@ def benchmark(
     map-style datasets; an iterable dataset shuffles itself. The byte count for MB/s comes from
     ``bytes_per_epoch`` or else from ``dataset.sample_bytes`` when the dataset has it.
     """
-    if epochs < 1:
-        raise ValueError(f"epochs must be at least 1, got {epochs}")
+    if epochs < 1 or warmup_epochs < 0:
+        raise ValueError(
+            f"epochs must be at least 1 and warmup_epochs 0 or more, got {epochs} and "
+            f"{warmup_epochs}"
+        )
     try:
         expected = len(dataset)
     except TypeError:

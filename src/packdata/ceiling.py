@@ -20,6 +20,7 @@ workers against it:
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import traceback
 from multiprocessing.util import Finalize
 
@@ -46,13 +47,23 @@ def serve(connection, work, indices):
     # matters. "ready" is inside: the interrupt can land just after its bytes are written
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
         connection.send("ready")
-        while connection.recv() is not None:
+        while told(connection) is not None:
             try:
                 for index in indices:
                     work(index)
                 connection.send(len(indices))
             except Exception:  # noqa: BLE001  sent back, raised in the parent
                 connection.send(traceback.format_exc())
+
+
+def told(connection):
+    """The parent's next message on ``connection``; None when it says stop or is gone (a forked
+    child holds the parent's end of the pipe too, so no end of file would tell it)."""
+    parent = multiprocessing.parent_process()
+    waited = [connection] if parent is None else [connection, parent.sentinel]
+    if connection in multiprocessing.connection.wait(waited):
+        return connection.recv()
+    return None
 
 
 class PlainProcesses:

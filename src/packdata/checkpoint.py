@@ -37,7 +37,10 @@ def resume_loader(saved, dataset, loader):
     that saved it, else the rest of the epoch into the dataset. Returns which it did: "same
     layout" or "rest of the epoch"."""
     workers = [len(loader_states(state)) for state in saved]
-    if len(saved) == dataset.world_size and set(workers) == {max(loader.num_workers, 1)}:
+    # a loader without workers saves another kind of state than one with a single worker
+    kinds = {"_snapshot" in state for state in saved}
+    same = set(workers) == {max(loader.num_workers, 1)} and kinds == {loader.num_workers > 0}
+    if len(saved) == dataset.world_size and same:
         loader.load_state_dict(saved[dataset.rank])
         return "same layout"
     every_worker = [state for rank in saved for state in loader_states(rank)]

@@ -145,6 +145,22 @@ def _serve(args):
     )
 
 
+def one_or_more(text):
+    """An argument that counts processes or workers: a whole number of 1 or more."""
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number}: give 1 or more")
+    return number
+
+
+def port_number(text):
+    """A port argument: 0 (any free one) to 65535."""
+    number = int(text)
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{number}: a port is 0 to 65535")
+    return number
+
+
 def add_make_data(verbs):
     p = verbs.add_parser("make-data", help="generate the synthetic image dataset")
     p.add_argument("--root", type=Path, help="target folder (default: data/synthetic-SIZE)")
@@ -220,7 +236,7 @@ def add_shards(verbs):
     q.add_argument("source", type=Path, help="the dataset folder, with its manifest.json")
     add_shard_sizes(q)
     q.add_argument("--resize", type=int, help="resize every image to RESIZE×RESIZE pixels")
-    q.add_argument("-p", "--processes", type=int, default=1, help="processes that encode")
+    q.add_argument("-p", "--processes", type=one_or_more, default=1, help="processes that encode")
     q = actions.add_parser("split", help="split one tar into shards, samples kept whole")
     q.add_argument("shards", nargs=1, metavar="tar")
     add_shard_sizes(q)
@@ -258,7 +274,9 @@ def add_shards_map(actions):
         "--function",
         help="module:function, given a sample dict, returning {ext: bytes} (None drops it)",
     )
-    q.add_argument("-p", "--processes", type=int, default=2, help="processes or Dask workers")
+    q.add_argument(
+        "-p", "--processes", type=one_or_more, default=2, help="processes or Dask workers"
+    )
     q.add_argument(
         "--dask",
         metavar="ADDRESS",
@@ -270,7 +288,7 @@ def add_serve(verbs):
     p = verbs.add_parser("serve", help="run the dataset store service (lesson 6) until Ctrl-C")
     p.add_argument("root", type=Path, help="folder that holds the datasets (created if missing)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    p.add_argument("--port", type=port_number, default=8080, help="port (0: any free one)")
     p.add_argument("--latency", type=float, default=0.0, help="emulated latency per request, ms")
     p.add_argument("--bandwidth", type=float, help="emulated bandwidth cap per transfer, MB/s")
     p.add_argument("--max-upload", type=float, help="largest upload accepted, MB (default: 1 GiB)")

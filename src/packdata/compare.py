@@ -134,26 +134,27 @@ def in_turn(runs, rounds=3, before=None, warmup=True, unit="samples/s"):
     round, taking turns, for ``rounds`` rounds, after one untimed call of each when ``warmup``;
     ``before()``, when given, runs untimed before every timed call (to empty a cache, say), or,
     as ``{name: before}``, before the timed calls of the runs it names. A run with a ``close()``
-    (``epochs_of``'s, ``ceiling.PlainProcesses``) is closed at the end. Returns a ``Comparison``
-    of items per second, named ``unit``."""
+    (``epochs_of``'s, ``ceiling.PlainProcesses``) is closed at the end, or when a run fails.
+    Returns a ``Comparison`` of items per second, named ``unit``."""
     if rounds < 2:
         raise ValueError(f"a spread needs at least 2 rounds, got {rounds}")
-    if warmup:
-        for run in runs.values():
-            run()
     if not isinstance(before, dict):
         before = dict.fromkeys(runs, before)
     rates = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            if before.get(name) is not None:
-                before[name]()
-            started = time.perf_counter()
-            items = run()
-            rates[name].append(items / (time.perf_counter() - started))
-    for run in runs.values():  # workers and processes would otherwise stay, each with its memory
-        if hasattr(run, "close"):
-            run.close()
+    try:
+        for run in runs.values() if warmup else ():
+            run()
+        for _ in range(rounds):
+            for name, run in runs.items():
+                if before.get(name) is not None:
+                    before[name]()
+                started = time.perf_counter()
+                items = run()
+                rates[name].append(items / (time.perf_counter() - started))
+    finally:  # workers and processes would otherwise stay, each with its memory, after an error too
+        for run in runs.values():
+            if hasattr(run, "close"):
+                run.close()
     return Comparison(rates, unit)
 
 

@@ -2,7 +2,7 @@
 layout.
 
     export_image_folder("~/photos", "data/photos")           # photos/<class>/<image>, any format
-    PIL reads export_torchvision(CIFAR10(root, download=False), "data/cifar10")
+    export_torchvision(CIFAR10(root, download=False), "data/cifar10")
 
 The result is a dataset folder like the synthetic one (``imagefolder``): JPEGs under class folders
 and a manifest with every sample's SHA-256, so every lesson and tool of the course reads it.
@@ -79,13 +79,18 @@ def report_changes(source, changes):
 
 def export_image_folder(source, target, progress=True):
     """Copy an ``ImageFolder``-style tree (``source/<class>/<image>``) into the course layout."""
-    source = Path(source)
+    source, target = Path(source).expanduser(), Path(target).expanduser()
     if not source.is_dir():
         raise FileNotFoundError(f"no folder at {source}")
-    if Path(target).resolve().is_relative_to(source.resolve()):
+    if target.resolve().is_relative_to(source.resolve()):
         raise ValueError(
             f"{target} is inside {source}: the next export would read it as a class of images; "
             "export into a folder outside it"
+        )
+    if source.resolve().is_relative_to(target.resolve()):
+        raise ValueError(
+            f"{source} is inside {target}, which the export replaces as a whole: the images "
+            "would go with it; export into a folder outside it"
         )
     readable = {
         extension for extension, kind in Image.registered_extensions().items() if kind in Image.OPEN

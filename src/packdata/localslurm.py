@@ -259,7 +259,7 @@ class LocalSlurm:
         try:
             for daemon in DAEMONS:
                 self._await(daemon, self._spawn(daemon), timeout)
-        except SlurmError:
+        except BaseException:  # a daemon that failed, a command that hung, Ctrl-C: none stays
             self.stop()
             raise
         return time.perf_counter() - started

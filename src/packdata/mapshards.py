@@ -197,9 +197,12 @@ def _run_tasks(executor, task, items, progress):
 
 def _result(future, item):
     """``future.result()``; an error that does not name the task's shard (its process died, say:
-    a pool's ``BrokenProcessPool``, Dask's ``KilledWorker``) is raised naming it."""
+    a pool's ``BrokenProcessPool``, Dask's ``KilledWorker``) is raised naming it. A file system's
+    error (the output cannot be written) or a refused value comes back as it was raised."""
     try:
         return future.result()
+    except (OSError, ValueError):
+        raise
     except Exception as error:
         shard = withheld(item[0])
         if shard in withheld(str(error)):  # a task's error comes back withheld

@@ -17,6 +17,7 @@ needs (the model's weights of those steps were lost too).
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -157,7 +158,7 @@ def cut_and_resume(make_loader, batches):
     batch_iterator = iter(loader)
     before = [key for _ in range(batches) for key in keys_of(next(batch_iterator))]
     state = loader.state_dict()
-    del batch_iterator  # its workers stop here, like a killed job's
+    del batch_iterator, loader  # its workers stop with the loader, like a killed job's
     resumed = make_loader()
     resumed.load_state_dict(state)
     return before, [key for batch in resumed for key in keys_of(batch)]
@@ -169,7 +170,8 @@ def audit(folder, killed, resumed, expected, epoch=0):
     Returns the ``Tally`` and how many samples the killed job took after the checkpoint (they
     come again)."""
     then, (start, step) = logged(folder, resumed)
-    step = step if start == epoch else 0  # the step the restart's checkpoint had reached
+    # the step the restart's checkpoint had reached in this epoch: all of it, in an epoch before
+    step = step if start == epoch else math.inf if start > epoch else 0
     first = [line for line in logged(folder, killed)[0] if line["epoch"] == epoch]
     kept = [key for line in first if line["step"] < step for key in line["keys"]]
     again = sum(len(line["keys"]) for line in first if line["step"] >= step)

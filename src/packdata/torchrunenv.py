@@ -21,7 +21,8 @@ def environment(**variables):
     """Set ``variables`` (``RANK=1, WORLD_SIZE=2``, say) for the block, in this process and its
     new workers; restore the previous values (or their absence) after it."""
     saved = {name: os.environ.get(name) for name in variables}
-    method = multiprocessing.get_start_method()
+    chosen = multiprocessing.get_start_method(allow_none=True)  # None: not chosen yet, left so
+    method = chosen or multiprocessing.get_all_start_methods()[0]  # the first is the default
     os.environ.update({name: str(value) for name, value in variables.items()})
     if method == "forkserver":
         multiprocessing.set_start_method("spawn", force=True)
@@ -29,7 +30,7 @@ def environment(**variables):
         yield
     finally:
         if method == "forkserver":
-            multiprocessing.set_start_method(method, force=True)
+            multiprocessing.set_start_method(chosen, force=True)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
