@@ -94,6 +94,8 @@ def test_the_job_script_trains_on_every_rank_with_equal_steps(slurm, shards, scr
     )
     started = time.perf_counter()
     job = slurm.submit(SCRIPT, f"--output={tmp_path}/%j.out", env=env, cwd=ROOT)
+    # numbered from a random start, so that another cluster on this host numbers other jobs
+    assert job >= int(re.search(r"^FirstJobId=(\d+)$", slurm.conf.read_text(), re.M)[1])
     state = slurm.wait(job, timeout=240)
     wall = time.perf_counter() - started
     log = (tmp_path / f"{job}.out").read_text()

@@ -17,6 +17,7 @@ import argparse
 import getpass
 import hashlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -39,6 +40,9 @@ ClusterName=packdata
 SlurmctldHost={node}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
+# job numbers from a random start: two clusters on one host (two learners on one hub, say) would
+# otherwise both number their first job 1, and jobs that derive a port or a folder from it clash
+FirstJobId={first_job}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
@@ -170,6 +174,7 @@ class LocalSlurm:
                 user=getpass.getuser(),
                 ctld_port=free_port(),
                 slurmd_port=free_port(),
+                first_job=random.randrange(1, 1_000_000),
             )
         )
 
